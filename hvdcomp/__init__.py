@@ -1,0 +1,23 @@
+"""hvdcomp: gradient compression for Horovod.
+
+Change one argument of a stock Horovod script::
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvdcomp.Marsit)
+
+Each public compressor works passed bare (the class: one shared default instance) or configured
+(``hvdcomp.Marsit(seed=1)``: an instance with its own state). See README.md.
+"""
+from hvdcomp.compressor import BatchedCompressor
+from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
+                            RankMismatchError, UnsupportedTensorError)
+from hvdcomp.marsit import Marsit
+from hvdcomp.planned import BinSGDM, SketchFusion, TopK
+from hvdcomp.stats import StepStats
+
+DEFAULT = Marsit
+
+__version__ = "0.1.0"
+__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "DEFAULT", "BatchedCompressor",
+           "StepStats", "HvdcompError", "LaunchError", "NonFiniteGradientError",
+           "RankMismatchError", "UnsupportedTensorError"]

@@ -1,0 +1,75 @@
+"""Marsit: sign bits merged without bias at every hop of a ring all-reduce, with global
+compensation.
+
+Per step, on every rank j, for one (fused) gradient vector g of length d:
+
+1. ``p = g + e``                      (e: this rank's compensation memory, zero at first)
+2. ``s = pack_signs(p)``              (1 bit per element, see backend.bits for the layout)
+3. ring reduce-scatter of ``s`` with ``MarsitMerge``: a chunk that already aggregates k ranks
+   arrives at rank j, which keeps each incoming bit with probability k/(k+1) and takes its own
+   bit with probability 1/(k+1). After size-1 hops every bit is the bit of one rank chosen
+   uniformly at random, so E[±1 value] = mean over ranks of sign(p_i). The all-gather forwards
+   finished chunks unchanged.
+4. ``delta = mean over ranks of ||p_i||_1 / d`` (a scalar per tensor, exchanged as metadata)
+5. the step every rank applies is ``delta * b`` (b: the aggregated ±1 vector), and
+   ``e = p - delta * b``: the error is measured against the step applied globally
+   (global compensation), not against this rank's own message.
+
+The gradients here are the raw gradients: the learning rate is applied later by the user's
+optimizer, so ``p = g + e`` plays the role of the paper's ``lr * g + e`` for a constant rate.
+"""
+import numpy as np
+
+from hvdcomp.backend import bernoulli_mask, merge_bits, pack_signs, unpack_signs
+from hvdcomp.backend.xp import abs_sum
+
+
+def compensate(grad, memory):
+    """``p = grad + memory`` (``memory`` None means zero); same kind/device as ``grad``."""
+    return grad if memory is None else grad + memory
+
+
+def l1_scale(p):
+    """``||p||_1 / d`` as a Python float (0.0 for an empty vector)."""
+    return abs_sum(p) / p.shape[0] if p.shape[0] else 0.0
+
+
+def global_scale(scales):
+    """The common step size: the mean of the ranks' l1 scales, summed in rank order (float64),
+    so every rank computes the same number bit for bit."""
+    return float(np.sum(np.asarray(scales, dtype=np.float64)) / len(scales))
+
+
+def encode(p):
+    """The message: packed sign bits of ``p`` (uint8, ceil(d/8) bytes)."""
+    return pack_signs(p)
+
+
+def decode(packed, d, dtype="float32"):
+    """The aggregated ±1 vector ``b`` (length ``d``) from the packed message."""
+    return unpack_signs(packed, d, dtype)
+
+
+def apply(signs, delta, p):
+    """``(step, new_memory)``: ``step = delta * signs`` is applied by every rank, and
+    ``e = p - step`` (global compensation)."""
+    step = signs * delta
+    return step, p - step
+
+
+class MarsitMerge:
+    """The per-hop combine of the ring reduce-scatter for packed sign bits.
+
+    ``__call__(incoming, own, hops, chunk)``: ``incoming`` aggregates ``hops`` ranks; keep each
+    of its bits with probability hops/(hops+1), else take ``own``'s. The mask comes from the
+    counter-based source keyed by (seed, step, rank, chunk), so a rerun with the same key
+    (e.g. after a checkpoint restore) makes the same choices.
+    """
+
+    def __init__(self, seed, step, rank):
+        self.seed, self.step, self.rank = int(seed), int(step), int(rank)
+
+    def __call__(self, incoming, own, hops, chunk):
+        mask = bernoulli_mask((self.seed, self.step, self.rank, chunk), incoming.size,
+                              1.0 / (hops + 1))
+        return merge_bits(incoming, own, mask)

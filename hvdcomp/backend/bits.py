@@ -1,0 +1,55 @@
+"""Sign bits packed 8 per byte, and the bit-wise merge used by Marsit.
+
+Bit layout (the same for NumPy and Torch): element ``i`` of a vector is bit ``7 - (i % 8)`` of
+byte ``i // 8`` (most significant bit first, as ``numpy.packbits``). A bit is 1 when the element
+is ``>= 0`` (so +0.0 and -0.0 both give 1, i.e. the sign of zero is +1) and 0 when it is
+negative; NaN gives 0 (callers reject non-finite input before packing). Unused bits of the last
+byte are 0. Any length works, not only multiples of 8.
+"""
+import numpy as np
+
+from hvdcomp.backend.xp import is_torch, _torch
+
+_SHIFTS = np.arange(7, -1, -1, dtype=np.uint8)
+
+
+def packed_nbytes(n):
+    """Bytes needed for ``n`` packed bits."""
+    return (int(n) + 7) // 8
+
+
+def pack_signs(x):
+    """Pack the signs of a 1-D float array ``x`` (length n) into ``ceil(n/8)`` uint8 bytes."""
+    if is_torch(x):
+        torch = _torch()
+        n = x.numel()
+        bits = (x.reshape(-1) >= 0).to(torch.uint8)
+        pad = packed_nbytes(n) * 8 - n
+        if pad:
+            bits = torch.cat([bits, bits.new_zeros(pad)])
+        shifts = torch.as_tensor(_SHIFTS, device=x.device)
+        return (bits.reshape(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8)
+    return np.packbits(np.asarray(x).reshape(-1) >= 0)
+
+
+def unpack_signs(packed, n, dtype="float32"):
+    """The ±1 vector (length ``n``, float ``dtype``) encoded by ``packed`` (uint8)."""
+    if is_torch(packed):
+        torch = _torch()
+        shifts = torch.as_tensor(_SHIFTS, device=packed.device)
+        bits = ((packed.reshape(-1, 1) >> shifts) & 1).reshape(-1)[:n]
+        return bits.to(getattr(torch, dtype)) * 2 - 1
+    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n)
+    out = bits.astype(dtype)
+    out *= 2
+    out -= 1
+    return out
+
+
+def merge_bits(acc, own, mask):
+    """Bit-wise select: where ``mask`` is 1 take ``own``, elsewhere keep ``acc``.
+
+    All three are uint8 arrays of the same length (packed bits); returns
+    ``acc ^ ((acc ^ own) & mask)``, a new array of the same kind.
+    """
+    return acc ^ ((acc ^ own) & mask)

@@ -1,0 +1,81 @@
+"""The few array operations the backend needs, for NumPy arrays and Torch tensors alike.
+
+The kernels are written once against these helpers; a helper picks NumPy or Torch from the type
+of its first argument. Torch is imported lazily, so a NumPy-only (or TensorFlow-only) user never
+needs it.
+"""
+import numpy as np
+
+
+def is_torch(x):
+    """True if ``x`` is a torch.Tensor (without importing torch when it is not loaded)."""
+    mod = type(x).__module__
+    return mod.startswith("torch")
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def to_host(x):
+    """A NumPy view/copy of ``x`` in host memory (a device tensor is copied to the host)."""
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def from_host(a, like):
+    """``a`` (NumPy) as the same kind of array as ``like``, on ``like``'s device."""
+    if is_torch(like):
+        torch = _torch()
+        return torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
+    return a
+
+
+def concat(arrays, like):
+    """Concatenate 1-D arrays; ``like`` tells the kind when ``arrays`` is empty."""
+    if is_torch(like):
+        torch = _torch()
+        if not arrays:
+            return torch.zeros(0, dtype=like.dtype, device=like.device)
+        return torch.cat(list(arrays))
+    if not arrays:
+        return np.zeros(0, dtype=like.dtype)
+    return np.concatenate(list(arrays))
+
+
+def as_float(x, dtype="float32"):
+    """``x`` as a flat array of a floating working dtype ('float32' or 'float64')."""
+    if is_torch(x):
+        torch = _torch()
+        return x.reshape(-1).to(getattr(torch, dtype))
+    return np.asarray(x).reshape(-1).astype(dtype, copy=False)
+
+
+def abs_sum(x):
+    """sum(|x|) as a Python float, accumulated in float64."""
+    if is_torch(x):
+        torch = _torch()
+        return float(x.abs().sum(dtype=torch.float64))
+    return float(np.abs(x).sum(dtype=np.float64))
+
+
+def all_finite(x):
+    """True if no element of ``x`` is NaN or +-Inf."""
+    if is_torch(x):
+        torch = _torch()
+        return bool(torch.isfinite(x).all())
+    return bool(np.isfinite(x).all())
+
+
+def zeros_like(x):
+    if is_torch(x):
+        return _torch().zeros_like(x)
+    return np.zeros_like(x)
+
+
+def clone(x):
+    if is_torch(x):
+        return x.detach().clone()
+    return np.array(x, copy=True)

@@ -1,0 +1,83 @@
+"""Ring all-reduce over a contiguous 1-D NumPy buffer with a pluggable per-hop combine.
+
+Contract of ``ring_allreduce(ctx, buf, combine)``:
+- ``buf``: a contiguous 1-D NumPy array of any dtype and any length (also 0 or < size); every
+  rank passes the same length and dtype. It is overwritten with the result, which is identical
+  (bit for bit) on every rank: each chunk is combined by exactly one chain of ranks and then
+  copied unchanged to the others.
+- ``combine(incoming, own, hops, chunk) -> array``: called once per hop of the reduce-scatter.
+  ``incoming`` is the received chunk, already aggregating ``hops`` ranks (1..size-1); ``own`` is
+  this rank's chunk ``chunk`` (index into the size chunks); the return value (same length and
+  dtype) is what this rank forwards. For a plain sum it is ``incoming + own``.
+- Traffic: reduce-scatter, then all-gather, each ``size - 1`` steps; every rank sends and
+  receives ``2 * (size - 1) / size * buf.nbytes`` bytes (to chunk rounding), counted in
+  ``ctx.stats``. Messages larger than ``context.MAX_MESSAGE_BYTES`` are split, so counts never
+  overflow MPI's 32-bit count.
+"""
+import time
+
+import numpy as np
+
+from hvdcomp.comm import context as _context_mod
+
+
+def sum_combine(incoming, own, hops, chunk):
+    """The plain all-reduce combine: element-wise sum."""
+    return incoming + own
+
+
+def chunk_bounds(n, size):
+    """Start offsets of ``size`` nearly equal chunks of ``n`` elements, plus ``n`` at the end."""
+    base, extra = divmod(int(n), int(size))
+    bounds = [0]
+    for i in range(size):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+def _exchange(comm, send, recv, right, left):
+    """Send ``send`` to ``right`` while receiving ``recv`` from ``left``, in pieces of at most
+    MAX_MESSAGE_BYTES (both byte views, contiguous)."""
+    step = _context_mod.MAX_MESSAGE_BYTES
+    s8, r8 = send.view(np.uint8), recv.view(np.uint8)
+    reqs = []
+    for tag, off in enumerate(range(0, max(r8.size, 1), step)):
+        if r8.size:
+            reqs.append(comm.Irecv(r8[off:off + step], source=left, tag=tag))
+    for tag, off in enumerate(range(0, max(s8.size, 1), step)):
+        if s8.size:
+            reqs.append(comm.Isend(s8[off:off + step], dest=right, tag=tag))
+    if reqs:
+        from mpi4py import MPI
+        MPI.Request.Waitall(reqs)
+    return s8.size, r8.size, len(reqs)
+
+
+def ring_allreduce(ctx, buf, combine=sum_combine):
+    """All-reduce ``buf`` in place around the ring of ``ctx``'s ranks; returns ``buf``."""
+    if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise TypeError("ring_allreduce needs a contiguous 1-D numpy array")
+    size, rank, comm = ctx.size, ctx.rank, ctx.comm
+    if size == 1:
+        return buf
+    t0 = time.perf_counter()
+    bounds = chunk_bounds(buf.size, size)
+    chunk = [buf[bounds[i]:bounds[i + 1]] for i in range(size)]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    scratch = np.empty(bounds[1] - bounds[0], dtype=buf.dtype)  # chunk 0 is the largest
+    sent = recv = msgs = 0
+    # Reduce-scatter: after step t, the chunk received aggregates t + 2 ranks.
+    for t in range(size - 1):
+        s_idx, r_idx = (rank - t) % size, (rank - t - 1) % size
+        incoming = scratch[:chunk[r_idx].size]
+        a, b, m = _exchange(comm, chunk[s_idx], incoming, right, left)
+        sent, recv, msgs = sent + a, recv + b, msgs + m
+        chunk[r_idx][...] = combine(incoming, chunk[r_idx], t + 1, r_idx)
+    # All-gather: forward finished chunks unchanged; rank r starts with chunk (r + 1) % size.
+    for t in range(size - 1):
+        s_idx, r_idx = (rank + 1 - t) % size, (rank - t) % size
+        a, b, m = _exchange(comm, chunk[s_idx], chunk[r_idx], right, left)
+        sent, recv, msgs = sent + a, recv + b, msgs + m
+    ctx.stats.add(sent, recv, msgs)
+    ctx.stats.seconds += time.perf_counter() - t0
+    return buf

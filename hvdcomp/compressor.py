@@ -1,0 +1,377 @@
+"""The Horovod ``Compressor`` protocol for methods whose reduction Horovod's sum cannot do.
+
+How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``hvd.allreduce``):
+
+1. ``compress(grad)`` records the gradient under its Horovod name and returns a 1-element
+   placeholder (value 1) that Horovod all-reduces in place of the gradient. No MPI happens here,
+   so it is safe in autograd hooks.
+2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
+   last flush are processed together, sorted by name, so the order of hvdcomp's own collectives
+   is the same on every rank by construction (Horovod's ``synchronize()`` walks parameters in an
+   order that can differ between ranks). Every compress of a step precedes its first decompress.
+3. A flush first agrees on the batch: every rank contributes a fingerprint of its
+   (name, numel, dtype) list; any difference raises ``RankMismatchError`` on every rank, naming
+   the tensors and ranks. Then one small all-gather carries each tensor's status (finite,
+   supported dtype) and the method's per-tensor scalars; a NaN/Inf or an unsupported dtype on any
+   rank raises on every rank (or, with ``on_nonfinite='skip'``, the whole step's gradients are
+   returned as zeros and no state changes).
+4. Tensors with fewer than ``min_compress_numel`` elements are fused and summed uncompressed
+   (float ring all-reduce); the others are fused and handed to the method's ``_reduce``.
+5. ``decompress`` returns the mean over ranks, multiplied by the Horovod placeholder's reduced
+   value (1 for ``op=Average``, size for ``op=Sum``), shaped and typed like the gradient.
+
+Instances hold per-tensor state (``_memory``, keyed by name) and are checkpointable with
+``state_dict()``/``load_state_dict()``. The class itself can be passed as ``compression=``:
+its methods then act on one default instance per class (``Cls.default()``).
+"""
+import hashlib
+import threading
+import time
+
+import numpy as np
+
+from hvdcomp.backend import xp
+from hvdcomp.comm import get_context, ring_allreduce
+from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
+                            RankMismatchError, UnsupportedTensorError)
+from hvdcomp.frontends import adapter_for
+from hvdcomp.stats import StepStats
+
+OK, NONFINITE, UNSUPPORTED = 0, 1, 2
+DEFAULT_MIN_COMPRESS_NUMEL = 1024
+
+
+class default_instance:
+    """Method decorator: called on the class, act on ``cls.default()``; on an instance, as usual."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, cls):
+        return self.fn.__get__(cls.default() if obj is None else obj, cls)
+
+
+class _Ticket:
+    """The ``ctx`` Horovod hands back to ``decompress``."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+
+class Entry:
+    """One gradient of the current batch."""
+    __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
+                 "numel", "status", "scratch")
+
+    def __init__(self, key, tensor, adapter, working_dtype):
+        self.key, self.ticket, self.adapter = key, _Ticket(key), adapter
+        self.shape, self.dtype, self.device = adapter.meta(tensor)
+        self.dtype_name = adapter.describe_dtype(tensor)
+        self.numel = int(np.prod(self.shape, dtype=np.int64))
+        self.status = OK if adapter.is_supported(tensor) else UNSUPPORTED
+        self.work = adapter.working(tensor, working_dtype) if self.status == OK else None
+        self.scratch = None  # method-specific per-step data (e.g. the compensated vector)
+
+
+def horovod_world():
+    """(size, rank) of an initialised Horovod (torch or TensorFlow), or None."""
+    import sys
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras"):
+        mod = sys.modules.get(name)
+        try:
+            if mod is not None and mod.is_initialized():
+                return mod.size(), mod.rank()
+        except Exception:  # noqa: BLE001 - a half-imported module is not initialised
+            continue
+    return None
+
+
+def fingerprint(entries):
+    """Two 26-bit integers (exact in float64) hashing the batch's (name, numel, dtype) list."""
+    h = hashlib.blake2b(digest_size=8)
+    for e in entries:
+        h.update(f"{e.key}|{e.numel}|{e.dtype_name}\n".encode())
+    v = int.from_bytes(h.digest(), "little")
+    return [float(v & 0x3FFFFFF), float((v >> 26) & 0x3FFFFFF)]
+
+
+class BatchedCompressor:
+    """Base of hvdcomp's compressors (see the module docstring for the protocol).
+
+    Subclasses implement ``_prepare(entries) -> float64 array (len(entries), n_scalars)`` (local
+    per-tensor scalars, computed before anything is communicated or any state changes) and
+    ``_reduce(entries, scalars) -> list of flat arrays`` (``scalars``: shape
+    (size, len(entries), n_scalars), every rank's), returning the mean over ranks per entry, on
+    the entry's device, and updating the method's state.
+    """
+
+    method = "base"
+    n_scalars = 0
+    working_dtype = "float32"
+
+    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
+                 seed=0):
+        if int(min_compress_numel) < 0:
+            raise ValueError(f"min_compress_numel must be >= 0, got {min_compress_numel}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        self.min_compress_numel = int(min_compress_numel)
+        self.on_nonfinite = on_nonfinite
+        self.seed = int(seed)
+        self._pending = []
+        self._results = {}
+        self._memory = {}
+        self._step = 0
+        self._skipped = 0
+        self._lock = threading.Lock()
+        self._phases = {}
+        self.last_stats = None
+        self.total_stats = StepStats()
+
+    # -- class used bare: one default instance per class -------------------------------------
+    @classmethod
+    def default(cls):
+        """The instance that ``Cls.compress``/``Cls.decompress`` use when the class is passed."""
+        inst = cls.__dict__.get("_default")
+        if inst is None:
+            inst = cls()
+            setattr(cls, "_default", inst)
+        return inst
+
+    # -- the Horovod Compressor protocol ------------------------------------------------------
+    @default_instance
+    def compress(self, tensor):
+        """Record ``tensor`` for this step's batch; return (1-element placeholder, ctx)."""
+        adapter = adapter_for(tensor)
+        name = adapter.tensor_name(tensor)
+        with self._lock:
+            key = name if name is not None else f"@{len(self._pending):06d}"
+            if any(e.key == key for e in self._pending):
+                raise HvdcompError(
+                    f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
+                    "several optimizers share a compressor, give each its own instance, e.g. "
+                    f"compression=hvdcomp.{type(self).__name__}().")
+            entry = Entry(key, tensor, adapter, self.working_dtype)
+            self._pending.append(entry)
+        return adapter.placeholder(tensor), entry.ticket
+
+    @default_instance
+    def decompress(self, output, ctx):
+        """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step)."""
+        with self._lock:
+            if ctx not in self._results:
+                if not any(e.ticket is ctx for e in self._pending):
+                    raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
+                self._flush()
+            flat, entry = self._results.pop(ctx)
+        factor = self._reduction_factor(entry.adapter.scalar(output), entry.key)
+        if factor != 1:
+            flat = flat * factor
+        return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    @default_instance
+    def state_dict(self, all_ranks=False):
+        """This rank's state (step, seed, per-tensor memory as NumPy arrays), or with
+        ``all_ranks=True`` every rank's, gathered on every rank (a collective: call it on all
+        ranks; rank 0 can then save one file that restores every rank)."""
+        ctx = self._context()
+        local = {"method": self.method, "format": 1, "rank": ctx.rank, "size": ctx.size,
+                 "step": self._step, "seed": self.seed, "skipped": self._skipped,
+                 "memory": {k: self._state_to_host(v) for k, v in sorted(self._memory.items())}}
+        if not all_ranks:
+            return local
+        return {"method": self.method, "format": 1, "size": ctx.size,
+                "ranks": ctx.allgather_object(local)}
+
+    @default_instance
+    def load_state_dict(self, state):
+        """Restore what ``state_dict()`` returned (this rank's, or the all-ranks form)."""
+        ctx = self._context()
+        if state.get("method") != self.method:
+            raise HvdcompError(f"{self.method}: checkpoint holds {state.get('method')!r} state")
+        if state.get("size") != ctx.size:
+            raise HvdcompError(
+                f"{self.method}: checkpoint was written by {state.get('size')} ranks, this job has "
+                f"{ctx.size}; per-rank compressor memory cannot be re-split")
+        if "ranks" in state:
+            state = state["ranks"][ctx.rank]
+        elif state.get("rank") != ctx.rank:
+            raise HvdcompError(f"{self.method}: rank {ctx.rank} was given rank "
+                               f"{state.get('rank')}'s state")
+        with self._lock:
+            if self._pending:
+                raise HvdcompError(f"{self.method}: load_state_dict() in the middle of a step")
+            self._step, self.seed = int(state["step"]), int(state["seed"])
+            self._skipped = int(state.get("skipped", 0))
+            self._memory = {k: self._state_from_host(v) for k, v in state["memory"].items()}
+
+    @staticmethod
+    def _state_to_host(value):
+        if isinstance(value, tuple):
+            return tuple(np.array(xp.to_host(v), copy=True) for v in value)
+        return np.array(xp.to_host(value), copy=True)
+
+    @staticmethod
+    def _state_from_host(value):
+        if isinstance(value, tuple):
+            return tuple(np.array(v, copy=True) for v in value)
+        return np.array(value, copy=True)
+
+    def memory_like(self, key, like):
+        """The stored state for ``key`` as the same kind/device as ``like``, or None."""
+        value = self._memory.get(key)
+        if value is None:
+            return None
+        if isinstance(value, tuple):
+            value = tuple(self._to_kind(v, like) for v in value)
+        else:
+            value = self._to_kind(value, like)
+        self._memory[key] = value
+        return value
+
+    @staticmethod
+    def _to_kind(value, like):
+        if xp.is_torch(like) and not xp.is_torch(value):
+            return xp.from_host(value, like)
+        if xp.is_torch(like) and value.device != like.device:
+            return value.to(like.device)
+        return value
+
+    # -- internals -----------------------------------------------------------------------------
+    def _context(self):
+        ctx = get_context()
+        world = horovod_world()
+        if world is not None and world != (ctx.size, ctx.rank):
+            raise LaunchError(
+                f"{self.method}: Horovod runs {world[0]} ranks (this is rank {world[1]}) but MPI "
+                f"has {ctx.size} (rank {ctx.rank}): the job was not launched with MPI ranks "
+                "(e.g. horovodrun --gloo). hvdcomp's all-reduce runs on MPI: launch with mpirun "
+                "or horovodrun --mpi.")
+        return ctx
+
+    def _reduction_factor(self, value, key):
+        ctx = self._context()
+        m = int(round(value))
+        if m not in (1, ctx.size) or abs(value - m) > 1e-3 * m:
+            raise HvdcompError(
+                f"{self.method}: tensor {key!r} on rank {ctx.rank}: Horovod reduced the placeholder "
+                f"to {value}; only op=Average (1) and op=Sum ({ctx.size}) are supported")
+        return m
+
+    def _phase(self, name):
+        return _Phase(self._phases, name)
+
+    def _flush(self):
+        entries = sorted(self._pending, key=lambda e: e.key)
+        self._pending = []
+        ctx = self._context()
+        before = ctx.stats.snapshot()
+        self._phases = {}
+        t0 = time.perf_counter()
+        self._check_agreement(ctx, entries)
+        big = [e for e in entries if e.status == OK and e.numel >= self.min_compress_numel]
+        small = [e for e in entries if not (e.status == OK and e.numel >= self.min_compress_numel)]
+        for e in entries:
+            if e.status == OK and not xp.all_finite(e.work):
+                e.status = NONFINITE
+        with self._phase("encode"):
+            scalars = np.asarray(self._prepare(big) if big else np.zeros((0, self.n_scalars)),
+                                 dtype=np.float64).reshape(len(big), self.n_scalars)
+        local = np.concatenate([[e.status for e in entries], scalars.reshape(-1)])
+        gathered = ctx.allgather_array(local)
+        statuses = gathered[:, :len(entries)].astype(np.int64)
+        if self._bad_batch(ctx, entries, statuses):
+            outputs = [xp.zeros_like(e.work) if e.work is not None else None for e in entries]
+            self._skipped += 1
+        else:
+            all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), self.n_scalars)
+            reduced = dict(zip((e.key for e in big), self._reduce(big, all_scalars) if big else []))
+            reduced.update(zip((e.key for e in small), self._reduce_dense(ctx, small)))
+            outputs = [reduced[e.key] for e in entries]
+        for e, out in zip(entries, outputs):
+            self._results[e.ticket] = (out, e)
+            e.work = e.scratch = None
+        self._step += 1
+        moved = ctx.stats.since(before)
+        self.last_stats = StepStats.of_step(
+            step=self._step, ranks=ctx.size, elements=sum(e.numel for e in entries),
+            compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
+            bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self._phases)
+        self.total_stats.add(self.last_stats)
+
+    def _check_agreement(self, ctx, entries):
+        header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)
+        rows = ctx.allgather_array(header)
+        if (rows == rows[0]).all():
+            return
+        lists = ctx.allgather_object([(e.key, e.numel, e.dtype_name) for e in entries])
+        per_key = {}
+        for r, items in enumerate(lists):
+            for key, numel, dtype in items:
+                per_key.setdefault(key, {})[r] = (numel, dtype)
+        problems = []
+        for key in sorted(per_key):
+            seen = per_key[key]
+            missing = [r for r in range(ctx.size) if r not in seen]
+            if missing:
+                problems.append(f"{key!r} is missing on rank(s) {missing}")
+            elif len(set(seen.values())) > 1:
+                desc = ", ".join(f"rank {r}: {n} elements {d}" for r, (n, d) in sorted(seen.items()))
+                problems.append(f"{key!r} differs between ranks ({desc})")
+        counts = ", ".join(f"rank {r}: {len(items)}" for r, items in enumerate(lists))
+        raise RankMismatchError(
+            f"{self.method}: ranks disagree about the gradients of step {self._step} "
+            f"(tensors per rank: {counts}): " + "; ".join(problems[:10]))
+
+    def _bad_batch(self, ctx, entries, statuses):
+        """Raise for unsupported dtypes or (by default) non-finite values; True means skip."""
+        bad = np.argwhere(statuses == UNSUPPORTED)
+        if bad.size:
+            r, i = bad[0]
+            raise UnsupportedTensorError(
+                f"{self.method}: tensor {entries[i].key!r} on rank {r} has dtype "
+                f"{entries[i].dtype_name} (or is sparse); hvdcomp compresses dense floating-point "
+                "gradients only (float16, bfloat16, float32, float64)")
+        bad = np.argwhere(statuses == NONFINITE)
+        if not bad.size:
+            return False
+        where = ", ".join(f"{entries[i].key!r} on rank {r}" for r, i in bad[:8])
+        if self.on_nonfinite == "skip":
+            return True
+        raise NonFiniteGradientError(
+            f"{self.method}: NaN or Inf in gradient {where} at step {self._step}; nothing was "
+            "applied and the compressor state is unchanged (pass on_nonfinite='skip' to skip "
+            "such steps with zero gradients instead)")
+
+    def _reduce_dense(self, ctx, entries):
+        """Mean over ranks of small tensors, fused and summed uncompressed (float32, or float64
+        when any of them is float64)."""
+        if not entries:
+            return []
+        wide = any("float64" in e.dtype_name for e in entries)
+        host = [np.asarray(xp.to_host(e.work), dtype=np.float64 if wide else np.float32)
+                for e in entries]
+        with self._phase("comm"):
+            buf = ring_allreduce(ctx, np.concatenate(host))
+        buf /= ctx.size
+        out, off = [], 0
+        for e in entries:
+            out.append(xp.from_host(buf[off:off + e.numel], e.work))
+            off += e.numel
+        return out
+
+
+class _Phase:
+    """Adds the wall time of a ``with`` block to ``phases[name]``."""
+
+    def __init__(self, phases, name):
+        self.phases, self.name = phases, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.phases[self.name] = self.phases.get(self.name, 0.0) + time.perf_counter() - self.t0

@@ -1,0 +1,21 @@
+"""Errors hvdcomp raises. Every message names the tensor and the rank it concerns."""
+
+
+class HvdcompError(RuntimeError):
+    """Base class of hvdcomp's errors."""
+
+
+class LaunchError(HvdcompError):
+    """The job was not launched in a way hvdcomp can work with (e.g. no MPI ranks)."""
+
+
+class RankMismatchError(HvdcompError):
+    """Ranks disagree about the tensors of a step (names, shapes, dtypes or their number)."""
+
+
+class NonFiniteGradientError(HvdcompError):
+    """A gradient holds NaN or Inf on some rank."""
+
+
+class UnsupportedTensorError(HvdcompError):
+    """A tensor hvdcomp cannot compress (integer, bool or complex dtype, ...)."""

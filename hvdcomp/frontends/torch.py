@@ -1,0 +1,67 @@
+"""PyTorch adapter. Gradients stay on their device (CPU or CUDA): the backend's Torch kernels
+encode and decode there, and only packed messages are staged through host memory for MPI."""
+import sys
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# Functions of horovod.torch whose local ``name`` is the tensor's Horovod name.
+_NAMED_CALLERS = ("_allreduce_grad_async", "allreduce", "allreduce_async", "allreduce_")
+
+
+def tensor_name(tensor, depth=8):
+    """The name Horovod gives ``tensor``, read from the calling Horovod frame, or None.
+
+    horovod.torch's DistributedOptimizer passes only the gradient to ``compress()``; the
+    parameter's name (identical on every rank) is a local of its caller, so we read it there.
+    """
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        loc = frame.f_locals
+        name = loc.get("name")
+        if frame.f_code.co_name in _NAMED_CALLERS and isinstance(name, str):
+            return name
+        parent = frame.f_back
+        if "p" in loc and parent is not None and parent.f_code.co_name == "_grouped_allreduce_grad_async":
+            names = getattr(parent.f_locals.get("self"), "_parameter_names", {})
+            if loc["p"] in names:
+                return names[loc["p"]]
+        frame = parent
+    return None
+
+
+def describe_dtype(tensor):
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def is_supported(tensor):
+    return tensor.dtype in FLOAT_DTYPES and not tensor.is_sparse
+
+
+def working(tensor, dtype):
+    """A flat ``dtype`` ('float32'/'float64') view or copy of ``tensor`` on its own device."""
+    return tensor.detach().reshape(-1).to(getattr(torch, dtype))
+
+
+def placeholder(tensor):
+    """What goes through Horovod's allreduce instead of the gradient: one element equal to 1,
+    whose reduced value (1 for Average, size for Sum) tells decompress() the reduction."""
+    return torch.ones(1, dtype=tensor.dtype if is_supported(tensor) else torch.float32,
+                      device=tensor.device)
+
+
+def scalar(output):
+    return float(output.reshape(-1)[0])
+
+
+def restore(flat, like_shape, like_dtype, like_device):
+    """``flat`` (a backend result) as a tensor of the original shape, dtype and device."""
+    return flat.reshape(like_shape).to(device=like_device, dtype=like_dtype)
+
+
+def meta(tensor):
+    """(shape, dtype, device) to rebuild the result."""
+    return tuple(tensor.shape), tensor.dtype, tensor.device

@@ -1,0 +1,54 @@
+"""``hvdcomp.Marsit``: 1 bit per element on every hop of a ring all-reduce, with global
+compensation (algorithm in ``hvdcomp.algorithms.marsit``).
+
+Per flush, all large gradients are fused into one vector, so one ring all-reduce of packed sign
+bits carries the whole step; each rank sends ``2 (size-1)/size * d/8`` bytes plus a few scalars.
+State per tensor: the compensation memory ``e`` (same dtype/device as the working gradient).
+"""
+import numpy as np
+
+from hvdcomp.algorithms import marsit as alg
+from hvdcomp.backend import xp
+from hvdcomp.comm import ring_allreduce
+from hvdcomp.compressor import BatchedCompressor, DEFAULT_MIN_COMPRESS_NUMEL
+
+
+class Marsit(BatchedCompressor):
+    """Marsit compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.Marsit)``.
+
+    Args:
+        min_compress_numel: tensors with fewer elements (biases, norms) are summed uncompressed.
+        on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
+        seed: seed of the merge masks (with the step, rank and chunk: reproducible runs).
+    """
+
+    method = "Marsit"
+    n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
+
+    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
+                 seed=0):
+        super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
+                         seed=seed)
+
+    def _prepare(self, entries):
+        for e in entries:
+            e.scratch = alg.compensate(e.work, self.memory_like(e.key, e.work))
+        return [[alg.l1_scale(e.scratch)] for e in entries]
+
+    def _reduce(self, entries, scalars):
+        ctx = self._context()
+        with self._phase("encode"):
+            fused = xp.concat([e.scratch for e in entries], like=entries[0].scratch)
+            packed = np.ascontiguousarray(xp.to_host(alg.encode(fused)))
+        with self._phase("comm"):
+            ring_allreduce(ctx, packed, alg.MarsitMerge(self.seed, self._step, ctx.rank))
+        out = []
+        with self._phase("decode"):
+            signs = alg.decode(xp.from_host(packed, fused), fused.shape[0])
+            off = 0
+            for i, e in enumerate(entries):
+                delta = alg.global_scale(scalars[:, i, 0])
+                step, self._memory[e.key] = alg.apply(signs[off:off + e.numel], delta, e.scratch)
+                out.append(step)
+                off += e.numel
+        return out

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Set up everything hvdcomp needs on a Debian machine with Python 3.11, idempotently:
+#   - Open MPI from Debian (openmpi-bin, libopenmpi-dev)
+#   - a virtual environment at .venv/ with torch 2.13.0 (CPU), tensorflow-cpu 2.15.x, numpy<2,
+#     mpi4py, the test tools, and hvdcomp itself (editable)
+#   - Horovod 0.28.1 built from its source release with PyTorch, TensorFlow and MPI, patched to
+#     C++17 (see shared/DESIGN.md). The built wheel is cached outside the checkout in
+#     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the versions, so the second run is quick.
+# A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+TORCH_VERSION=2.13.0
+TF_VERSION=2.15.1
+HOROVOD_VERSION=0.28.1
+CACHE="${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}"
+PYTAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+HVD_KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYTAG}"
+HVD_CACHE="$CACHE/$HVD_KEY"
+STAMP="$VENV/.hvdcomp-setup-stamp"
+STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
+
+log() { echo "[setup] $*" >&2; }
+
+# 1. Open MPI (system packages).
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
+  log "installing Open MPI from Debian"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_WANT" ] && "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp' 2>/dev/null; then
+  log "already set up ($HVD_KEY)"
+  exit 0
+fi
+
+# 2. The virtual environment and the Python stack.
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=(pip_quiet install -q)
+pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+log "installing torch ${TORCH_VERSION}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
+"${PIP[@]}" "torch==${TORCH_VERSION}" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
+  mpi4py cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
+
+# 3. Horovod, from its source release, through the wheel cache.
+WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl 2>/dev/null | head -n1 || true)"
+if [ -z "$WHEEL" ]; then
+  log "building Horovod ${HOROVOD_VERSION} (several minutes, cached in $HVD_CACHE)"
+  BUILD="$(mktemp -d)"
+  trap 'rm -rf "$BUILD"' EXIT
+  pip_quiet download -q --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$BUILD"
+  tar -xzf "$BUILD"/horovod-"${HOROVOD_VERSION}".tar.gz -C "$BUILD"
+  SRC="$BUILD/horovod-${HOROVOD_VERSION}"
+  # torch 2.x headers need C++17; Horovod 0.28.1 asks for C++14 in two places.
+  sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/horovod/torch/CMakeLists.txt"
+  (
+    cd "$SRC"
+    export HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
+           HOROVOD_WITHOUT_MXNET=1 PATH="$VENV/bin:$PATH" \
+           MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="-march=x86-64"
+    "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/wheel" . >"$BUILD/build.log" 2>&1 \
+      || { tail -n 60 "$BUILD/build.log" >&2; exit 1; }
+  )
+  mkdir -p "$HVD_CACHE"
+  cp "$BUILD"/wheel/horovod-*.whl "$HVD_CACHE/"
+  WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl | head -n1)"
+fi
+log "installing $(basename "$WHEEL")"
+"${PIP[@]}" --no-deps --force-reinstall "$WHEEL"
+"${PIP[@]}" cloudpickle psutil pyyaml packaging cffi  # Horovod's runtime dependencies
+
+# 4. hvdcomp itself, editable.
+"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+
+"$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp'
+echo "$STAMP_WANT" > "$STAMP"
+log "done"
