@@ -57,6 +57,12 @@ def apply(signs, delta, p):
     return step, p - step
 
 
+def local_memory(p, own_scale):
+    """The 'local' variant's memory ``e = p - own_scale * sign(p)``: the error of this rank's
+    own 1-bit message (sign of 0 is +1, as in the packed message)."""
+    return p - decode(encode(p), p.shape[0]) * own_scale
+
+
 class MarsitMerge:
     """The per-hop combine of the ring reduce-scatter for packed sign bits.
 

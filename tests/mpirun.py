@@ -1,0 +1,65 @@
+"""Launch a script on several real MPI ranks (Open MPI's mpirun, or Horovod's horovodrun) under a
+hard timeout, so that a hang fails the test instead of waiting. Used by the multi-rank tests."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_DIR = os.path.join(ROOT, "tests", "mpi")
+PYTHON = sys.executable
+
+
+def mpi_env(extra=None):
+    """The environment for ranks: root allowed, one thread per rank, quiet TensorFlow."""
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    env.update(extra or {})
+    return env
+
+
+class MPIRunError(AssertionError):
+    def __init__(self, msg, proc):
+        super().__init__(msg)
+        self.proc = proc
+
+
+def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=True):
+    """Run ``tests/mpi/<script>`` (or an absolute path) on ``np_`` ranks; return the
+    CompletedProcess (stdout+stderr merged in ``.stdout``). Fails on a non-zero exit when
+    ``expect_ok``, and always on a timeout."""
+    path = script if os.path.isabs(script) else os.path.join(MPI_DIR, script)
+    if launcher == "mpirun":
+        cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none",
+               PYTHON, path, *map(str, args)]
+    elif launcher == "horovodrun":
+        cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(np_),
+               "-H", f"localhost:{np_}", "--mpi", "--mpi-args=--oversubscribe --bind-to none",
+               PYTHON, path, *map(str, args)]
+    else:
+        raise ValueError(launcher)
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, env=mpi_env(env), cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout}s (hang?)\n{out[-4000:]}")
+    if expect_ok and proc.returncode != 0:
+        raise MPIRunError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-6000:]}", proc)
+    return proc
+
+
+def results(proc, tag="RESULT"):
+    """The JSON objects the ranks printed on lines starting with ``RESULT ``, by rank."""
+    import json
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(tag + " "):
+            obj = json.loads(line[len(tag) + 1:])
+            out[obj["rank"]] = obj
+    return out

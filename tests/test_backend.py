@@ -1,0 +1,80 @@
+"""Unit tests of the shared backend kernels (pure functions, NumPy and Torch)."""
+import numpy as np
+import pytest
+import torch
+
+from hvdcomp.backend import bernoulli_mask, mask_words_digits, merge_bits, pack_signs, unpack_signs
+from hvdcomp.algorithms import marsit as alg
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 12345])
+def test_pack_unpack_roundtrip_numpy_and_torch_agree(n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[::5] = 0.0
+    if n > 2:
+        x[1] = -0.0
+    packed = pack_signs(x)
+    assert packed.dtype == np.uint8 and packed.size == (n + 7) // 8
+    tpacked = pack_signs(torch.from_numpy(x))
+    assert np.array_equal(tpacked.numpy(), packed)
+    want = np.where(x >= 0, 1.0, -1.0).astype(np.float32)
+    assert np.array_equal(unpack_signs(packed, n), want)
+    assert np.array_equal(unpack_signs(tpacked, n).numpy(), want)
+
+
+def test_bit_order_is_msb_first_and_padding_zero():
+    x = np.array([1, -1, -1, -1, -1, -1, -1, 1, 1], dtype=np.float32)
+    assert list(pack_signs(x)) == [0b10000001, 0b10000000]
+
+
+def test_merge_takes_own_where_mask_set():
+    acc = np.array([0b11110000], dtype=np.uint8)
+    own = np.array([0b10101010], dtype=np.uint8)
+    mask = np.array([0b11001100], dtype=np.uint8)
+    assert merge_bits(acc, own, mask)[0] == 0b10111000  # own's bits where mask is 1
+    ref = (acc & ~mask) | (own & mask)
+    assert merge_bits(acc, own, mask)[0] == ref[0]
+    t = merge_bits(torch.from_numpy(acc), torch.from_numpy(own), torch.from_numpy(mask))
+    assert t.numpy()[0] == ref[0]
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 0.5, 1 / 3, 0.25, 0.2, 1 / 7, 0.9])
+def test_bernoulli_mask_probability(p):
+    nbytes = 1 << 17  # ~1M bits
+    m = bernoulli_mask((7, 1, 2, 3), nbytes, p)
+    assert m.dtype == np.uint8 and m.size == nbytes
+    freq = np.unpackbits(m).mean()
+    sd = np.sqrt(p * (1 - p) / (8 * nbytes))
+    assert abs(freq - p) <= 6 * sd + 2 ** -24
+
+
+def test_bernoulli_mask_is_reproducible_and_key_dependent():
+    a = bernoulli_mask((1, 2, 3), 999, 1 / 3)
+    assert np.array_equal(a, bernoulli_mask((1, 2, 3), 999, 1 / 3))
+    assert not np.array_equal(a, bernoulli_mask((1, 2, 4), 999, 1 / 3))
+    t = bernoulli_mask((1, 2, 3), 999, 1 / 3, like=torch.zeros(1))
+    assert np.array_equal(t.numpy(), a)
+
+
+def test_mask_digits():
+    assert mask_words_digits(0.5, 4) == [1, 0, 0, 0]
+    assert mask_words_digits(0.75, 4) == [1, 1, 0, 0]
+    assert mask_words_digits(1.0) is None
+    with pytest.raises(ValueError):
+        mask_words_digits(1.5)
+
+
+def test_marsit_compensation_arithmetic():
+    g = np.array([0.5, -1.0, 0.0, 2.0], dtype=np.float32)
+    e = np.array([0.1, 0.1, -0.1, 0.0], dtype=np.float32)
+    p = alg.compensate(g, e)
+    assert np.allclose(p, [0.6, -0.9, -0.1, 2.0])
+    assert alg.l1_scale(p) == pytest.approx(3.6 / 4)
+    signs = alg.decode(alg.encode(p), 4)
+    assert list(signs) == [1, -1, -1, 1]
+    step, mem = alg.apply(signs, 0.9, p)
+    assert np.allclose(step, [0.9, -0.9, -0.9, 0.9])
+    assert np.allclose(mem + step, p)  # nothing lost: memory + applied step == compensated grad
+    assert alg.global_scale([1.0, 2.0, 4.0]) == pytest.approx(7 / 3)
+    assert np.allclose(alg.local_memory(p, 0.5), p - 0.5 * signs)
