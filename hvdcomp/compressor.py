@@ -27,6 +27,7 @@ its methods then act on one default instance per class (``Cls.default()``).
 import hashlib
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -125,6 +126,7 @@ class BatchedCompressor:
         self._memory = {}
         self._step = 0
         self._skipped = 0
+        self._owners = {}  # key -> weakref to the parameter whose state is stored under key
         self._lock = threading.Lock()
         self._phases = {}
         self.last_stats = None
@@ -145,9 +147,10 @@ class BatchedCompressor:
     def compress(self, tensor):
         """Record ``tensor`` for this step's batch; return (1-element placeholder, ctx)."""
         adapter = adapter_for(tensor)
-        name = adapter.tensor_name(tensor)
+        name, owner = adapter.tensor_identity(tensor)
         with self._lock:
             key = name if name is not None else f"@{len(self._pending):06d}"
+            self._check_owner(key, owner)
             if any(e.key == key for e in self._pending):
                 raise HvdcompError(
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
@@ -156,6 +159,20 @@ class BatchedCompressor:
             entry = Entry(key, tensor, adapter, self.working_dtype)
             self._pending.append(entry)
         return adapter.placeholder(tensor), entry.ticket
+
+    def _check_owner(self, key, owner):
+        """State is keyed by name: refuse a second parameter under a name already in use (two
+        optimizers sharing one compressor whose models use the same parameter names)."""
+        if owner is None:
+            return
+        known = self._owners.get(key)
+        if known is not None and known() is not None and known() is not owner:
+            raise HvdcompError(
+                f"{self.method}: two different parameters are both named {key!r} in one "
+                "compressor, so their state would mix. When several optimizers share a "
+                "compressor, give each its own instance: compression="
+                f"hvdcomp.{type(self).__name__}().")
+        self._owners[key] = weakref.ref(owner)
 
     @default_instance
     def decompress(self, output, ctx):

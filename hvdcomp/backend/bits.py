@@ -18,8 +18,14 @@ def packed_nbytes(n):
     return (int(n) + 7) // 8
 
 
+def _on_cpu(x):
+    return is_torch(x) and x.device.type == "cpu"
+
+
 def pack_signs(x):
     """Pack the signs of a 1-D float array ``x`` (length n) into ``ceil(n/8)`` uint8 bytes."""
+    if _on_cpu(x):  # NumPy's C kernel, zero-copy both ways
+        return _torch().from_numpy(np.packbits(x.detach().reshape(-1).numpy() >= 0))
     if is_torch(x):
         torch = _torch()
         n = x.numel()
@@ -34,16 +40,17 @@ def pack_signs(x):
 
 def unpack_signs(packed, n, dtype="float32"):
     """The ±1 vector (length ``n``, float ``dtype``) encoded by ``packed`` (uint8)."""
+    if _on_cpu(packed):
+        return _torch().from_numpy(unpack_signs(packed.numpy(), n, dtype))
     if is_torch(packed):
         torch = _torch()
         shifts = torch.as_tensor(_SHIFTS, device=packed.device)
         bits = ((packed.reshape(-1, 1) >> shifts) & 1).reshape(-1)[:n]
         return bits.to(getattr(torch, dtype)) * 2 - 1
-    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n)
-    out = bits.astype(dtype)
-    out *= 2
-    out -= 1
-    return out
+    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=n).view(np.int8)
+    bits *= 2
+    bits -= 1  # 0/1 -> -1/+1 in place, in int8
+    return bits.astype(dtype)
 
 
 def merge_bits(acc, own, mask):

@@ -4,6 +4,8 @@ The kernels are written once against these helpers; a helper picks NumPy or Torc
 of its first argument. Torch is imported lazily, so a NumPy-only (or TensorFlow-only) user never
 needs it.
 """
+import math
+
 import numpy as np
 
 
@@ -34,7 +36,10 @@ def from_host(a, like):
 
 
 def concat(arrays, like):
-    """Concatenate 1-D arrays; ``like`` tells the kind when ``arrays`` is empty."""
+    """Concatenate 1-D arrays; ``like`` tells the kind when ``arrays`` is empty. A single
+    array is returned as it is (no copy)."""
+    if len(arrays) == 1:
+        return arrays[0]
     if is_torch(like):
         torch = _torch()
         if not arrays:
@@ -54,19 +59,20 @@ def as_float(x, dtype="float32"):
 
 
 def abs_sum(x):
-    """sum(|x|) as a Python float, accumulated in float64."""
+    """sum(|x|) as a Python float (pairwise summation in ``x``'s dtype)."""
     if is_torch(x):
-        torch = _torch()
-        return float(x.abs().sum(dtype=torch.float64))
-    return float(np.abs(x).sum(dtype=np.float64))
+        return float(x.abs().sum())
+    return float(np.abs(x).sum())
 
 
 def all_finite(x):
-    """True if no element of ``x`` is NaN or +-Inf."""
+    """True if no element of ``x`` is NaN or +-Inf. One cheap pass (a finite sum means finite
+    elements); only a non-finite sum, possibly an overflow of large finite values, is checked
+    element by element."""
     if is_torch(x):
         torch = _torch()
-        return bool(torch.isfinite(x).all())
-    return bool(np.isfinite(x).all())
+        return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
+    return math.isfinite(float(np.sum(x))) or bool(np.isfinite(x).all())
 
 
 def zeros_like(x):

@@ -10,27 +10,30 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NAMED_CALLERS = ("_allreduce_grad_async", "allreduce", "allreduce_async", "allreduce_")
 
 
-def tensor_name(tensor, depth=8):
-    """The name Horovod gives ``tensor``, read from the calling Horovod frame, or None.
+def tensor_identity(tensor, depth=8):
+    """``(name, parameter)`` of ``tensor`` as Horovod knows it, read from the calling Horovod
+    frame; ``(None, None)`` when not called from horovod.torch, ``parameter`` None for
+    ``hvd.allreduce``.
 
     horovod.torch's DistributedOptimizer passes only the gradient to ``compress()``; the
-    parameter's name (identical on every rank) is a local of its caller, so we read it there.
+    parameter and its name (identical on every rank) are locals of its caller, so we read them
+    there.
     """
     frame = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
-            return None
+            break
         loc = frame.f_locals
         name = loc.get("name")
         if frame.f_code.co_name in _NAMED_CALLERS and isinstance(name, str):
-            return name
+            return name, loc.get("p")
         parent = frame.f_back
         if "p" in loc and parent is not None and parent.f_code.co_name == "_grouped_allreduce_grad_async":
             names = getattr(parent.f_locals.get("self"), "_parameter_names", {})
             if loc["p"] in names:
-                return names[loc["p"]]
+                return names[loc["p"]], loc["p"]
         frame = parent
-    return None
+    return None, None
 
 
 def describe_dtype(tensor):
@@ -48,9 +51,9 @@ def working(tensor, dtype):
 
 def placeholder(tensor):
     """What goes through Horovod's allreduce instead of the gradient: one element equal to 1,
-    whose reduced value (1 for Average, size for Sum) tells decompress() the reduction."""
-    return torch.ones(1, dtype=tensor.dtype if is_supported(tensor) else torch.float32,
-                      device=tensor.device)
+    whose reduced value (1 for Average, size for Sum) tells decompress() the reduction. Always
+    float32: Horovod's allreduce takes no bf16, bool or integer placeholders we would want."""
+    return torch.ones(1, dtype=torch.float32, device=tensor.device)
 
 
 def scalar(output):
