@@ -10,6 +10,7 @@ ranks hold bit-identical weights.
 """
 import argparse
 import hashlib
+import sys
 import time
 
 import numpy as np
@@ -44,6 +45,12 @@ def make_model(hidden=256):
         torch.nn.Linear(64, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10))
+
+
+def say(msg):
+    """Print one line in a single write, so launcher-tagged output lines never interleave."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
 
 
 def weights_digest(model):
@@ -95,15 +102,15 @@ def main():
         stats = getattr(compression, "last_stats", None)
         wire = f" | {stats.summary()}" if stats is not None else ""
         if hvd.rank() == 0:
-            print(f"epoch {epoch + 1}/{args.epochs} loss {total / steps_per_epoch:.4f} "
-                  f"test acc {acc:.4f}{wire}", flush=True)
+            say(f"epoch {epoch + 1}/{args.epochs} loss {total / steps_per_epoch:.4f} "
+                f"test acc {acc:.4f}{wire}")
 
     digests = hvd.allgather_object(weights_digest(model))
     if hvd.rank() == 0:
         same = len(set(digests)) == 1
-        print(f"done: {hvd.size()} ranks, {args.epochs * steps_per_epoch} steps in "
-              f"{time.perf_counter() - t0:.1f}s, compression={args.compression}, final test acc "
-              f"{acc:.4f}, weights identical on all ranks: {same}", flush=True)
+        say(f"done: {hvd.size()} ranks, {args.epochs * steps_per_epoch} steps in "
+            f"{time.perf_counter() - t0:.1f}s, compression={args.compression}, final test acc "
+            f"{acc:.4f}, weights identical on all ranks: {same}")
         if not same:
             raise SystemExit("ranks disagree about the weights")
 
