@@ -148,6 +148,13 @@ class BatchedCompressor:
         """Record ``tensor`` for this step's batch; return (1-element placeholder, ctx)."""
         adapter = adapter_for(tensor)
         name, owner = adapter.tensor_identity(tensor)
+        if getattr(adapter, "DEFERRED", False):
+            # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter builds,
+            # in decompress(), a per-step op that calls reduce_now() with the gradient's value.
+            with self._lock:
+                if name is not None:
+                    self._check_owner(name, owner)
+            return adapter.placeholder(tensor), adapter.Deferred(self, name, tensor)
         with self._lock:
             key = name if name is not None else f"@{len(self._pending):06d}"
             self._check_owner(key, owner)
@@ -177,6 +184,8 @@ class BatchedCompressor:
     @default_instance
     def decompress(self, output, ctx):
         """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step)."""
+        if getattr(ctx, "DEFERRED", False):
+            return ctx.build(output)
         with self._lock:
             if ctx not in self._results:
                 if not any(e.ticket is ctx for e in self._pending):
@@ -281,9 +290,26 @@ class BatchedCompressor:
     def _phase(self, name):
         return _Phase(self._phases, name)
 
+    def reduce_now(self, key, array, reduced_placeholder):
+        """Reduce one host array (NumPy) across ranks right now and return the result like
+        ``decompress`` would: the per-step entry point of graph front ends. Every rank must call
+        it for the same keys in the same order (the TensorFlow adapter chains its ops so)."""
+        from hvdcomp.frontends import numpy as np_adapter
+        with self._lock:
+            entry = Entry(key, array, np_adapter, self.working_dtype)
+            self._process([entry])
+            flat, _ = self._results.pop(entry.ticket)
+        factor = self._reduction_factor(float(np.asarray(reduced_placeholder).reshape(-1)[0]), key)
+        out = xp.to_host(flat) * factor if factor != 1 else xp.to_host(flat)
+        return np.asarray(out, dtype=array.dtype).reshape(array.shape)
+
     def _flush(self):
         entries = sorted(self._pending, key=lambda e: e.key)
         self._pending = []
+        self._process(entries)
+
+    def _process(self, entries):
+        """Reduce ``entries`` (sorted identically on every rank) and store their results."""
         ctx = self._context()
         before = ctx.stats.snapshot()
         self._phases = {}

@@ -55,10 +55,13 @@ def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=
 
 
 def results(proc, tag="RESULT"):
-    """The JSON objects the ranks printed on lines starting with ``RESULT ``, by rank."""
+    """The JSON objects the ranks printed on lines starting with ``RESULT ``, by rank (a
+    horovodrun ``[1,0]<stdout>:`` tag in front is ignored)."""
     import json
+    import re
     out = {}
     for line in proc.stdout.splitlines():
+        line = re.sub(r"^\[\d+,\d+\]<std(out|err)>:", "", line)
         if line.startswith(tag + " "):
             obj = json.loads(line[len(tag) + 1:])
             out[obj["rank"]] = obj

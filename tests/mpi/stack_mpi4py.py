@@ -3,8 +3,11 @@
 mpi4py.MPI is imported (and so MPI initialised, asking for MPI_THREAD_MULTIPLE) before
 Horovod, then ``hvd.init()`` reuses that MPI. The script interleaves a Horovod allreduce, an
 mpi4py Allreduce on a duplicate of COMM_WORLD, and another Horovod allreduce, and reports the
-results, the thread level and both views of rank/size. One ``RESULT {json}`` line per rank."""
+results, the thread level and both views of rank/size. Rank 0 prints one ``RESULT {json}``
+line per rank (see emit)."""
 import json
+import os
+import sys
 
 from mpi4py import MPI  # must come before horovod
 
@@ -15,6 +18,19 @@ torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
 
 import horovod.torch as hvd  # noqa: E402
+
+
+def emit(out):
+    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
+    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
+    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
+    separate write(2) calls), so the results are first gathered (mpi4py, after the checks) and one
+    process writes them, each line in a single write."""
+    outs = MPI.COMM_WORLD.allgather(out)
+    if out["rank"] == 0:
+        sys.stdout.flush()
+        for o in outs:
+            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
 
 
 def main():
@@ -45,7 +61,7 @@ def main():
 
     comm.Barrier()
     comm.Free()
-    print("RESULT " + json.dumps(out), flush=True)
+    emit(out)
     hvd.shutdown()
 
 

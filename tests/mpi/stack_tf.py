@@ -4,10 +4,11 @@ Each rank allreduces rank-dependent tf tensors (eagerly and inside a ``tf.functi
 trains a tiny Keras model for a few steps with ``hvd.DistributedGradientTape`` inside a
 ``tf.function``, starting from deliberately different per-rank weights that are fixed by a
 broadcast from rank 0. Rank 0 also trains a serial reference on all ranks' data concatenated,
-which SGD on averaged gradients must reproduce. Prints one ``RESULT {json}`` line per rank; the
-test does every comparison."""
+which SGD on averaged gradients must reproduce. Rank 0 prints one ``RESULT {json}`` line per
+rank (see emit); the test does every comparison."""
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -41,6 +42,19 @@ def data(rank):
 
 def flat(model):
     return np.concatenate([v.numpy().reshape(-1) for v in model.trainable_variables]).tolist()
+
+
+def emit(out):
+    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
+    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
+    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
+    separate write(2) calls), so the results are first gathered (hvd.allgather_object) and one
+    process writes them, each line in a single write."""
+    outs = hvd.allgather_object(out)
+    if out["rank"] == 0:
+        sys.stdout.flush()
+        for o in outs:
+            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
 
 
 def main():
@@ -98,7 +112,7 @@ def main():
             ropt.apply_gradients(zip(grads, ref.trainable_variables))
         out["reference"] = flat(ref)
 
-    print("RESULT " + json.dumps(out), flush=True)
+    emit(out)
 
 
 if __name__ == "__main__":

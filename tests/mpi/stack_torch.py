@@ -4,9 +4,11 @@ Each rank allreduces rank-dependent tensors (sum and average, float32/float64/in
 trains a tiny model for a few steps with ``hvd.DistributedOptimizer`` on rank-dependent data
 (after deliberately different per-rank initialisations, fixed by a broadcast from rank 0).
 Rank 0 also trains a serial reference on all ranks' data concatenated, which plain SGD on
-averaged gradients must reproduce. Prints one ``RESULT {json}`` line per rank; the test does
-every comparison."""
+averaged gradients must reproduce. Rank 0 prints one ``RESULT {json}`` line per rank (see
+emit); the test does every comparison."""
 import json
+import os
+import sys
 
 import torch
 
@@ -32,6 +34,19 @@ def data(rank):
 
 def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+def emit(out):
+    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
+    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
+    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
+    separate write(2) calls), so the results are first gathered (hvd.allgather_object) and one
+    process writes them, each line in a single write."""
+    outs = hvd.allgather_object(out)
+    if out["rank"] == 0:
+        sys.stdout.flush()
+        for o in outs:
+            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
 
 
 def main():
@@ -84,7 +99,7 @@ def main():
             ropt.step()
         out["reference"] = flat(ref)
 
-    print("RESULT " + json.dumps(out), flush=True)
+    emit(out)
     hvd.shutdown()
 
 

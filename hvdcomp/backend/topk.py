@@ -1,0 +1,136 @@
+"""Top-k selection by magnitude for 1-D NumPy arrays and Torch tensors (any device).
+
+Two selectors with the same contract: given a 1-D float array ``x`` (length n) and ``1 <= k <= n``
+they return ``(indices, values)``: ``indices`` an int64 array, strictly ascending, of the same
+kind and device as ``x``; ``values = x[indices]``.
+
+- ``topk_exact(x, k)``: exactly k indices of largest ``|x|`` (``np.argpartition`` /
+  ``torch.topk``). Which of several equal magnitudes at the cut is chosen is left to the library
+  (deterministic for a given input).
+- ``topk_approx(x, k, seed=..., tol=0.5)``: threshold selection. It estimates the magnitude
+  threshold for density k/n from a random sample of the elements (1% by default, at least enough
+  that about 64 sampled elements lie above the threshold), then selects with one comparison over
+  ``x``. Guarantee: the number c of returned indices always satisfies ``|c - k| <= tol * k``
+  (default: within +-50% of k), and every returned magnitude is >= every magnitude left out.
+  How: if the first threshold gives too many elements, the exact top-k of those candidates is
+  taken (cheap, they are few); if too few, the threshold is re-estimated from the same sample with
+  the rank scaled by the observed shortfall; if that still misses, the exact selector runs on the
+  whole of ``x``. On data without large ties the first pass lands within about +-10% of k. The
+  sample is drawn from ``numpy.random.default_rng(seed)``, so the result depends only on
+  (x, k, seed, sample, tol) and NumPy and Torch inputs give the same indices.
+
+Nothing here knows about ranks or frameworks beyond the array kind.
+"""
+import math
+
+import numpy as np
+
+from hvdcomp.backend.xp import _torch, is_torch
+
+EXACT_BELOW = 1 << 16  # below this many elements the exact selector is as cheap as sampling
+MIN_SAMPLED_ABOVE = 64  # sample size floor: about this many sampled elements above the threshold
+
+
+def _check(x, k):
+    n = int(x.shape[0]) if len(x.shape) == 1 else -1
+    if n < 0:
+        raise ValueError(f"top-k selection needs a 1-D array, got shape {tuple(x.shape)}")
+    k = int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"top-k selection needs 1 <= k <= n, got k={k}, n={n}")
+    return n, k
+
+
+def _magnitude(x):
+    return x.abs() if is_torch(x) else np.abs(x)
+
+
+def _sorted_pick(x, idx):
+    """(ascending idx, x[idx]) for an int64 index array of x's kind."""
+    idx = idx.sort().values if is_torch(idx) else np.sort(idx)
+    return idx, x[idx]
+
+
+def _exact_indices(mag, k):
+    """Indices (unsorted, int64) of the k largest entries of ``mag``."""
+    n = mag.shape[0]
+    if k == n:
+        return _torch().arange(n, device=mag.device) if is_torch(mag) else np.arange(n)
+    if is_torch(mag):
+        return _torch().topk(mag, k, sorted=False).indices
+    return np.argpartition(mag, n - k)[n - k:].astype(np.int64, copy=False)
+
+
+def topk_exact(x, k):
+    """Exactly the k largest-magnitude elements: ``(ascending int64 indices, values)``."""
+    n, k = _check(x, k)
+    return _sorted_pick(x, _exact_indices(_magnitude(x), k))
+
+
+def _kth_largest(sample, r):
+    """The r-th largest value (r >= 1) of a 1-D sample, as a Python float."""
+    m = sample.shape[0]
+    if is_torch(sample):
+        return float(_torch().kthvalue(sample, m - r + 1).values)
+    return float(np.partition(sample, m - r)[m - r])
+
+
+def _above(mag, threshold):
+    """Ascending int64 indices where ``mag >= threshold``."""
+    if is_torch(mag):
+        return (mag >= threshold).nonzero().reshape(-1)
+    return np.flatnonzero(mag >= threshold)
+
+
+def topk_approx(x, k, *, seed=0, sample=0.01, tol=0.5, info=None):
+    """Approximately the k largest-magnitude elements, ``|count - k| <= tol * k`` guaranteed.
+
+    Args:
+        x: 1-D float NumPy array or Torch tensor (length n).
+        k: target count, 1 <= k <= n.
+        seed: seed of the sample positions (int).
+        sample: fraction of the elements sampled (before the floor described in the module doc).
+        tol: allowed relative deviation of the count from k, in [0, 1).
+        info: optional dict, filled with ``pass`` ('sample', 'sample-trim', 'resample',
+            'resample-trim', or 'exact') and ``count``.
+    Returns:
+        ``(indices, values)`` as described in the module docstring.
+    """
+    n, k = _check(x, k)
+    if not 0.0 <= tol < 1.0:
+        raise ValueError(f"tol must lie in [0, 1), got {tol}")
+    info = {} if info is None else info
+    m = min(n, max(int(sample * n), math.ceil(MIN_SAMPLED_ABOVE * n / k)))
+    if n < EXACT_BELOW or k == n or 2 * m >= n:
+        info.update({"pass": "exact", "count": k})
+        return topk_exact(x, k)
+    mag = _magnitude(x)
+    pos = np.random.default_rng(seed).integers(0, n, size=m)
+    if is_torch(x):
+        pos = _torch().from_numpy(pos).to(x.device)
+    sampled = mag[pos]
+    r = max(1, round(m * k / n))  # sample rank of the threshold for density k/n
+    lo, hi = k - tol * k, k + tol * k
+    for attempt in ("sample", "resample"):
+        idx = _above(mag, _kth_largest(sampled, r))
+        c = int(idx.shape[0])
+        if lo <= c <= hi:
+            info.update({"pass": attempt, "count": c})
+            return idx, x[idx]
+        if c > hi:  # too many: the exact top-k among the (few) candidates
+            keep = _exact_indices(mag[idx], k)
+            info.update({"pass": attempt + "-trim", "count": k})
+            return _sorted_pick(x, idx[keep])
+        # too few: the sample overestimated the threshold; scale its rank by the shortfall
+        r = min(m, math.ceil(r * k / max(c, 1) * 1.1))
+    info.update({"pass": "exact", "count": k})
+    return _sorted_pick(x, _exact_indices(mag, k))
+
+
+def select_topk(x, k, method="approx", seed=0):
+    """``topk_approx`` (method 'approx') or ``topk_exact`` (method 'exact')."""
+    if method == "exact":
+        return topk_exact(x, k)
+    if method == "approx":
+        return topk_approx(x, k, seed=seed)
+    raise ValueError(f"selection method must be 'approx' or 'exact', got {method!r}")

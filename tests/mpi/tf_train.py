@@ -1,0 +1,114 @@
+"""Rank script: a hvdcomp compressor with TensorFlow 2.15 through Horovod's own wrappers:
+eager hvd.allreduce, DistributedGradientTape inside tf.function (with a retrace and a variable
+that gets no gradient on some steps), and Keras model.fit with hvd.keras' DistributedOptimizer;
+variables bit-identical across ranks after every step. Args: method (e.g. marsit), epochs."""
+import hashlib
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from mpi4py import MPI  # noqa: E402
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvdk  # noqa: E402
+
+import hvdcomp  # noqa: E402
+from report import report  # noqa: E402
+
+method, epochs = sys.argv[1], int(sys.argv[2])
+make = {"marsit": lambda: hvdcomp.Marsit()}[method]
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+out = {}
+
+
+def digest(variables):
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+def identical(variables):
+    return len(set(MPI.COMM_WORLD.allgather(digest(variables)))) == 1
+
+
+from sklearn.datasets import load_digits  # noqa: E402
+data = load_digits()
+x = (data.data / 16.0).astype(np.float32)
+y = data.target.astype(np.int64)
+xtr, ytr, xte, yte = x[:1400], y[:1400], x[1400:], y[1400:]
+xs, ys = xtr[rank::size], ytr[rank::size]
+
+# 1. eager hvd.allreduce
+comp = make()
+t = tf.random.stateless_normal([5000], seed=[rank, 1])
+r = hvd.allreduce(t, name="eager.t", compression=comp)
+out["eager_identical"] = len(set(MPI.COMM_WORLD.allgather(r.numpy().tobytes()))) == 1
+out["eager_bytes"] = comp.last_stats.bytes_sent
+
+# 2. DistributedGradientTape inside tf.function; an extra head used on some steps only.
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(64,)),
+                             tf.keras.layers.Dense(10)])
+aux = tf.keras.layers.Dense(64)
+aux.build((None, 64))
+variables = model.trainable_variables + aux.trainable_variables
+comp = make()
+opt = tf.keras.optimizers.SGD(0.02)
+loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@tf.function
+def train_step(xb, yb, use_aux):
+    with tf.GradientTape() as tape:
+        h = tf.cond(use_aux, lambda: aux(xb), lambda: xb)
+        loss = loss_fn(yb, model(h))
+    tape = hvd.DistributedGradientTape(tape, compression=comp)
+    grads = tape.gradient(loss, variables)
+    grads = [g if g is not None else tf.zeros_like(v) for g, v in zip(grads, variables)]
+    opt.apply_gradients(zip(grads, variables))
+    return loss
+
+
+hvd.broadcast_variables(variables, root_rank=0)
+ok = steps = 0
+for epoch in range(epochs):
+    for i in range(0, len(xs) - 32, 32):
+        bs = 32 if steps % 5 else 16  # a second input shape: a retrace
+        xb, yb = xs[i:i + bs], ys[i:i + bs]
+        train_step(tf.constant(xb), tf.constant(yb), tf.constant((steps + rank) % 3 == 0))
+        steps += 1
+        ok += identical(variables)
+logits = model(xte)
+out["tape_steps"], out["tape_identical"] = steps, ok
+out["tape_acc"] = float(np.mean(np.argmax(logits.numpy(), 1) == yte))
+out["tape_keys"] = sorted(comp.state_dict()["memory"])
+
+# 3. Keras model.fit with hvd.keras DistributedOptimizer.
+tf.keras.utils.set_random_seed(0)
+kmodel = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(64,)),
+                              tf.keras.layers.Dense(10)])
+comp = make()
+kmodel.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(0.02), compression=comp),
+               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+               metrics=["accuracy"])
+
+
+class Identical(tf.keras.callbacks.Callback):
+    ok = n = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        Identical.n += 1
+        Identical.ok += identical(kmodel.trainable_variables)
+
+
+kmodel.fit(xs, ys, batch_size=32, epochs=epochs, verbose=0, shuffle=False,
+           callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), Identical()])
+out["keras_steps"], out["keras_identical"] = Identical.n, Identical.ok
+out["keras_acc"] = float(kmodel.evaluate(xte, yte, verbose=0)[1])
+out["keras_flushes"] = comp.total_stats.steps
+report(rank=rank, **out)
