@@ -1,0 +1,28 @@
+"""Rank script: the same inputs and settings through hvd.allreduce(compression=Marsit(seed=3)) in
+PyTorch or TensorFlow (arg 1: torch|tf), three steps (so the compensation memory is exercised);
+rank 0 saves the results to the .npy file named by arg 2."""
+import sys
+
+import numpy as np
+
+import hvdcomp
+from report import report
+
+framework, path = sys.argv[1], sys.argv[2]
+if framework == "torch":
+    import torch
+    import horovod.torch as hvd
+    convert, back = torch.from_numpy, lambda t: t.numpy()
+else:
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    convert, back = tf.constant, lambda t: t.numpy()
+hvd.init()
+comp = hvdcomp.Marsit(seed=3)
+outs = []
+for step in range(3):
+    x = np.random.default_rng(100 * step + hvd.rank()).standard_normal(3001).astype(np.float32)
+    outs.append(back(hvd.allreduce(convert(x), name="cross.x", compression=comp)))
+if hvd.rank() == 0:
+    np.save(path, np.stack(outs))
+report(rank=hvd.rank(), step=comp.state_dict()["step"])
