@@ -8,11 +8,12 @@ Change one argument of a stock Horovod script::
 Each public compressor works passed bare (the class: one shared default instance) or configured
 (``hvdcomp.Marsit(seed=1)``: an instance with its own state). See README.md.
 """
+from hvdcomp.binsgdm import BinSGDM
 from hvdcomp.compressor import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
                             RankMismatchError, UnsupportedTensorError)
 from hvdcomp.marsit import Marsit
-from hvdcomp.planned import BinSGDM, SketchFusion, TopK
+from hvdcomp.planned import SketchFusion, TopK
 from hvdcomp.stats import StepStats
 
 DEFAULT = Marsit

@@ -22,11 +22,6 @@ class _Planned(BatchedCompressor):
     compress = decompress = state_dict = load_state_dict = default_instance(_unavailable)
 
 
-class BinSGDM(_Planned):
-    """One-bit momentum optimizer with a hierarchical 1-bit all-reduce (planned)."""
-    method, issue = "BinSGDM", "issue 4"
-
-
 class TopK(_Planned):
     """Bidirectional Top-K sparsification (planned)."""
     method, issue = "TopK", "issue 5"

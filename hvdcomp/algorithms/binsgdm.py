@@ -1,0 +1,71 @@
+"""BinSGDM (published as Birder): one-bit momentum with unbiased stochastic binarisation.
+
+Per step, on every rank, for one gradient vector g (1-D, float32; NumPy or Torch):
+
+1. ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*|g|``; at a tensor's first step the state is
+   initialised with the gradient itself (``m = g``, ``v = |g|``), so there is no zero-init bias to
+   correct and no warm-up.
+2. ``u = clip(m / (v + eps), -1, 1)``.
+3. ``q = +1`` with probability ``(1+u)/2`` else ``-1`` (int8), so ``E[q] = u``; the random numbers
+   come from ``backend.stochastic`` keyed by (seed, step, rank, VOTE).
+4. The ranks' votes are summed (exactly inside a node; between nodes each node's sum ``s`` of
+   ``L`` votes is re-binarised without bias, ``b = +1`` w.p. ``(1 + s/L)/2``, and ``L*b`` stands
+   for ``s``), and every rank gets the mean vote ``sum / size`` in [-1, 1].
+5. The user's plain SGD applies ``x -= lr * (mean_q + wd * x)``.
+
+Defaults ``b1 = b2 = 0.9``. With equal betas and this initialisation, ``|m| <= v`` holds
+element-wise by the triangle inequality (m and v are the same weighted sums of g and |g|), so
+``u`` lies in [-1, 1] without clipping and is the consistency of the gradient's sign over the
+momentum window (about 10 steps): a coordinate whose gradient keeps its sign votes +1/-1
+deterministically, a noisy one votes close to a coin flip. A slower normaliser (b2 = 0.999, as
+Adam's second moment) makes ``v`` lag the gradient scale: ``u`` then saturates when gradients
+grow (clipping is what keeps it in range) and shrinks as they decay (an implicit learning-rate
+decay). Both are allowed; clipping is always applied, which is a no-op when b1 == b2 (up to
+rounding).
+"""
+import numpy as np
+
+from hvdcomp.backend.stochastic import stochastic_signs
+from hvdcomp.backend.xp import from_host, is_torch
+
+VOTE, REBINARISE = 0, 1  # stage tags in the random keys
+
+
+def update_moments(g, state, b1, b2):
+    """``(m, v)`` after gradient ``g``; ``state`` is the previous ``(m, v)`` or None (first step).
+    New arrays of ``g``'s kind, dtype and device; ``state`` is not modified."""
+    if state is None:
+        return g * 1, abs(g)
+    m, v = state
+    return m * b1 + g * (1 - b1), v * b2 + abs(g) * (1 - b2)
+
+
+def direction(m, v, eps):
+    """``u = clip(m / (v + eps), -1, 1)``, like ``m``."""
+    u = m / (v + eps)
+    return u.clamp(-1.0, 1.0) if is_torch(u) else np.clip(u, -1.0, 1.0)
+
+
+def binarise(u, key):
+    """Unbiased ±1 votes (int8, like ``u``): +1 with probability (1+u)/2, so E[q] = u."""
+    return stochastic_signs((u + 1) * 0.5, key)
+
+
+def rebinarise(node_sum, node_size, key):
+    """Unbiased ±1 (int8 NumPy) for a node's sum ``s`` of ``node_size`` ±1 votes: +1 with
+    probability ``(1 + s/L)/2``, so ``E[L * b] = s``. Exact (deterministic) where ``|s| = L``,
+    hence the identity for nodes of one rank."""
+    s = np.asarray(node_sum, dtype=np.float64)
+    return stochastic_signs((s + node_size) / (2.0 * node_size), key)
+
+
+def node_votes_total(bits, node_size, dtype):
+    """The estimate of the sum over all ranks from the nodes' re-binarised messages:
+    ``sum_n L * b_n`` where ``bits`` is (nodes, n) ±1 (int8), in integer ``dtype`` (exact)."""
+    return (np.asarray(bits).sum(axis=0, dtype=np.int64) * int(node_size)).astype(dtype)
+
+
+def mean_vote(total, size, like=None):
+    """``total / size`` as float32 (the decompressed mean vote in [-1, 1]); like ``like``."""
+    out = (np.asarray(total, dtype=np.float64) / size).astype(np.float32)
+    return from_host(out, like) if like is not None else out

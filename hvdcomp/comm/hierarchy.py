@@ -1,0 +1,244 @@
+"""Two-level all-reduce stages: an exact reduce inside each node, a compressed exchange between
+nodes, and a gather back inside the node. Algorithm-free: the method passes its own ``encode``
+and ``combine`` functions for the inter-node leg.
+
+Topology (built once, collectively, by ``Hierarchy(ctx)``):
+
+- Node assignment, first that applies: the ``ranks_per_node`` argument; the environment variable
+  ``HVDCOMP_RANKS_PER_NODE`` (both group consecutive ranks: node = rank // k, so one machine can
+  pose as several nodes in tests); else MPI's shared-memory domains
+  (``Split_type(COMM_TYPE_SHARED)``), nodes numbered by their lowest rank.
+- ``intra``: the ranks of one node, ordered by rank (``local_rank``); ``inter``: the ranks with
+  the same local rank, one per node, ordered by node. Both are ``CommContext``s with their own
+  ``CommStats``, so the two legs are counted apart; every count also goes to the parent
+  context's counters (the compressor's per-step totals).
+- Nodes with different numbers of ranks: ``uneven='flat'`` (default) falls back to treating
+  every rank as a node of one rank (correct, with no intra-node stage: every rank sends its 1-bit
+  message to every other rank); rank 0 warns with ``HierarchyWarning`` naming the node sizes.
+  ``uneven='error'`` raises ``HierarchyError`` naming them, on every rank.
+- One node: the inter-node stage is skipped and the result is the exact sum. One rank per node:
+  the intra stages move nothing.
+
+``allreduce(x, encode, combine, out_dtype)`` on a 1-D array ``x`` (same length n and dtype on
+every rank; integer or float; its dtype must hold the sum over one node, see
+``small_int_dtype``):
+
+1. intra reduce-scatter: the n elements are cut into ``local_size`` shards (aligned to ``align``
+   elements, so 1-bit messages of shards are whole bytes); each rank sends every other local
+   rank that rank's shard of ``x`` and sums the ``local_size`` contributions to its own shard,
+   in local-rank order: ``node_sum`` (dtype of ``x``).
+2. inter exchange (more than one node): ``encode(node_sum, shard) -> uint8 message`` (its length
+   must depend only on the shard's length); the ranks of ``inter`` all-gather their messages;
+   ``combine(messages, shard)`` gets them as a (nodes, nbytes) uint8 array in node order and
+   returns the shard's estimate of the sum over all ranks. With one node the shard's result is
+   ``node_sum`` itself.
+3. intra all-gather of the shards' results, cast to ``out_dtype`` (default: ``x``'s dtype).
+
+The result (the sum over all ranks, estimated through ``combine`` when there are several nodes)
+is identical on every rank: each shard is computed by one rank per node from the same
+all-gathered messages, deterministically, and then copied.
+
+Traffic per rank (itemsize b of ``x``, c of ``out_dtype``, L ranks per node, N nodes, shard
+~ n/L elements, B(k) message bytes for k elements):
+intra ``(L-1)/L * n * b`` (reduce-scatter) + ``(L-1) * shard * c`` (gather);
+inter ``(N-1) * B(shard)``; for 1-bit messages each node sends its n bits to every other node.
+"""
+import dataclasses
+import os
+import time
+import warnings
+
+import numpy as np
+
+from hvdcomp.comm.context import CommContext
+from hvdcomp.comm.ring import _exchange, chunk_bounds
+from hvdcomp.comm.stats import CommStats
+from hvdcomp.errors import HvdcompError
+
+ENV_RANKS_PER_NODE = "HVDCOMP_RANKS_PER_NODE"
+
+
+class HierarchyError(HvdcompError):
+    """The node layout cannot be used (e.g. nodes with different numbers of ranks)."""
+
+
+class HierarchyWarning(UserWarning):
+    """The hierarchy fell back to a flat layout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The element range ``[start, stop)`` this rank owns inside its node."""
+    start: int
+    stop: int
+    owner: int       # local rank owning the shard (this rank)
+    node: int        # this rank's node index
+    node_size: int   # ranks per node (the same on every node)
+    nodes: int
+
+    @property
+    def size(self):
+        return self.stop - self.start
+
+
+def small_int_dtype(bound):
+    """The narrowest signed integer dtype holding every value in [-bound, bound]."""
+    for dt in (np.int8, np.int16, np.int32, np.int64):
+        if bound <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    raise ValueError(f"no integer dtype holds +-{bound}")
+
+
+def shard_bounds(n, parts, align=8):
+    """Start offsets of ``parts`` nearly equal shards of ``n`` elements whose boundaries are
+    multiples of ``align`` (the last shard takes the remainder), plus ``n`` at the end."""
+    units = -(-int(n) // align)
+    return [min(b * align, int(n)) for b in chunk_bounds(units, parts)]
+
+
+def _ranks_per_node(arg):
+    value = arg if arg is not None else os.environ.get(ENV_RANKS_PER_NODE) or None
+    if value is None:
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        source = "ranks_per_node" if arg is not None else ENV_RANKS_PER_NODE
+        raise HierarchyError(f"{source} must be a positive integer, got {value!r}")
+    return k
+
+
+def _node_of_ranks(ctx, ranks_per_node):
+    """Node index of every rank (a list, identical on every rank; a collective)."""
+    if ranks_per_node is not None:
+        return [r // ranks_per_node for r in range(ctx.size)]
+    from mpi4py import MPI
+    shared = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
+    leader = shared.allreduce(ctx.rank, op=MPI.MIN)
+    shared.Free()
+    leaders = ctx.comm.allgather(leader)
+    order = sorted(set(leaders))
+    return [order.index(lead) for lead in leaders]
+
+
+class Hierarchy:
+    """Intra- and inter-node communicators over ``ctx`` (a collective constructor: every rank
+    of ``ctx`` builds it at the same point). See the module docstring.
+
+    Attributes: ``nodes``, ``node``, ``local_size``, ``local_rank``, ``node_sizes`` (the sizes
+    found, before any fallback), ``flat_fallback`` (True when uneven nodes were flattened),
+    ``intra``/``inter`` (``CommContext``s with per-leg ``stats``).
+    """
+
+    def __init__(self, ctx, ranks_per_node=None, uneven="flat", align=8):
+        if uneven not in ("flat", "error"):
+            raise ValueError(f"uneven must be 'flat' or 'error', got {uneven!r}")
+        self.parent, self.align = ctx, int(align)
+        node_of = _node_of_ranks(ctx, _ranks_per_node(ranks_per_node))
+        members = {}
+        for r, n in enumerate(node_of):
+            members.setdefault(n, []).append(r)
+        self.node_sizes = [len(members[n]) for n in sorted(members)]
+        self.flat_fallback = len(set(self.node_sizes)) > 1
+        if self.flat_fallback:
+            layout = "; ".join(f"node {n}: ranks {members[n]}" for n in sorted(members))
+            msg = (f"hvdcomp hierarchy: nodes have different numbers of ranks, node sizes "
+                   f"{self.node_sizes} ({layout})")
+            if uneven == "error":
+                raise HierarchyError(msg + "; the hierarchical all-reduce needs the same number "
+                                     "of ranks on every node (pass uneven='flat' to fall back to "
+                                     "one rank per node)")
+            if ctx.rank == 0:
+                warnings.warn(msg + "; falling back to one rank per node (no intra-node stage)",
+                              HierarchyWarning, stacklevel=2)
+            node_of = list(range(ctx.size))
+        self.node = node_of[ctx.rank]
+        self.nodes = len(set(node_of))
+        self.local_size = ctx.size // self.nodes
+        self.local_rank = sum(1 for r in range(ctx.rank) if node_of[r] == self.node)
+        self.intra = CommContext(ctx.comm.Split(self.node, ctx.rank), CommStats())
+        self.inter = CommContext(ctx.comm.Split(self.local_rank, self.node), CommStats())
+
+    def describe(self):
+        extra = f", flattened from node sizes {self.node_sizes}" if self.flat_fallback else ""
+        return f"{self.nodes} node(s) x {self.local_size} rank(s){extra}"
+
+    # -- the three stages -----------------------------------------------------------------------
+    def allreduce(self, x, encode, combine, out_dtype=None):
+        """The sum over all ranks of ``x`` (see the module docstring); a new array."""
+        x = np.ascontiguousarray(x).reshape(-1)
+        out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
+        bounds = shard_bounds(x.size, self.local_size, self.align)
+        r = self.local_rank
+        shard = Shard(bounds[r], bounds[r + 1], r, self.node, self.local_size, self.nodes)
+        node_sum = self.reduce_scatter(x, bounds)
+        if self.nodes == 1:
+            part = node_sum
+        else:
+            message = np.ascontiguousarray(encode(node_sum, shard), dtype=np.uint8).reshape(-1)
+            part = combine(self.exchange(message), shard)
+        return self.allgather(part, bounds, out_dtype)
+
+    def reduce_scatter(self, x, bounds):
+        """This rank's shard of the node's sum of ``x`` (summed in local-rank order)."""
+        L, r = self.local_size, self.local_rank
+        rows = np.empty((L, bounds[r + 1] - bounds[r]), dtype=x.dtype)
+        rows[r] = x[bounds[r]:bounds[r + 1]]
+        with _Leg(self, self.intra) as leg:
+            for t in range(1, L):
+                dst, src = (r + t) % L, (r - t) % L
+                leg.add(*_exchange(self.intra.comm, x[bounds[dst]:bounds[dst + 1]], rows[src],
+                                   dst, src))
+        return rows.sum(axis=0, dtype=x.dtype) if L > 1 else rows[0]
+
+    def exchange(self, message):
+        """All-gather ``message`` (uint8, the same length on every node) between the nodes:
+        a (nodes, nbytes) array in node order."""
+        N, k = self.nodes, self.node
+        rows = np.empty((N, message.size), dtype=np.uint8)
+        rows[k] = message
+        with _Leg(self, self.inter) as leg:
+            for t in range(1, N):
+                dst, src = (k + t) % N, (k - t) % N
+                leg.add(*_exchange(self.inter.comm, message, rows[src], dst, src))
+        return rows
+
+    def allgather(self, part, bounds, dtype):
+        """Every local rank's shard result, concatenated: the full length ``bounds[-1]``."""
+        L, r = self.local_size, self.local_rank
+        out = np.empty(bounds[-1], dtype=dtype)
+        out[bounds[r]:bounds[r + 1]] = part
+        mine = out[bounds[r]:bounds[r + 1]]
+        with _Leg(self, self.intra) as leg:
+            for t in range(1, L):
+                dst, src = (r + t) % L, (r - t) % L
+                leg.add(*_exchange(self.intra.comm, mine, out[bounds[src]:bounds[src + 1]],
+                                   dst, src))
+        return out
+
+    def leg_stats(self):
+        """Snapshots of the byte counters of both legs: {'intra': CommStats, 'inter': ...}."""
+        return {"intra": self.intra.stats.snapshot(), "inter": self.inter.stats.snapshot()}
+
+
+class _Leg:
+    """Counts one stage's bytes, messages and time in its leg's and the parent's stats."""
+
+    def __init__(self, hierarchy, leg_ctx):
+        self.targets = (leg_ctx.stats, hierarchy.parent.stats)
+        self.counts = [0, 0, 0]
+
+    def add(self, sent, recv, messages):
+        self.counts = [self.counts[0] + sent, self.counts[1] + recv, self.counts[2] + messages]
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        seconds = time.perf_counter() - self.t0
+        for stats in self.targets:
+            stats.add(*self.counts)
+            stats.seconds += seconds

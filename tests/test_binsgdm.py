@@ -1,0 +1,226 @@
+"""BinSGDM and the hierarchical all-reduce: pure-function tests of the math (unbiasedness of the
+votes and of the node re-binarisation, bounds of the normalised momentum), then real MPI ranks:
+the hierarchy's legs and layouts, training through the stock torch hvd.DistributedOptimizer,
+uneven nodes, and a world of one rank."""
+import numpy as np
+import pytest
+import torch
+
+import hvdcomp
+from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.backend import pack_signs, unpack_signs
+from hvdcomp.backend.stochastic import stochastic_signs, uniforms
+from hvdcomp.comm.hierarchy import shard_bounds, small_int_dtype
+from mpirun import results, run
+
+N_BIG = 1 << 16  # elements of the hierarchy_check all-reduce
+
+
+# -- pure functions ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_votes_are_unbiased(kind):
+    """E[q] = u: the mean of 200k votes lies within 5 sigma of u; u = +-1 is deterministic."""
+    us = np.array([-1.0, -0.7, -0.2, 0.0, 0.3, 0.95, 1.0], dtype=np.float32)
+    n = 200_000
+    u = np.repeat(us, n)
+    q = alg.binarise(torch.from_numpy(u) if kind == "torch" else u, (1, 2, 3, alg.VOTE))
+    q = q.numpy() if kind == "torch" else q
+    assert q.dtype == np.int8 and set(np.unique(q)) <= {-1, 1}
+    means = q.reshape(len(us), n).mean(axis=1)
+    sigma = np.sqrt(np.maximum(1 - us.astype(np.float64) ** 2, 0) / n)
+    assert np.all(np.abs(means - us) <= 5 * sigma + 1e-12), (means, us)
+    assert means[0] == -1 and means[-1] == 1
+
+
+@pytest.mark.parametrize("node_size", [1, 2, 3, 4, 7])
+def test_node_rebinarisation_is_unbiased(node_size):
+    """For every node sum s in [-L, L]: E[L * b] = s within 5 sigma over 100k draws (variance
+    L^2 - s^2), exact where |s| = L, and 1-rank nodes pass their vote through unchanged."""
+    L, n = node_size, 100_000
+    sums = np.arange(-L, L + 1)
+    s = np.repeat(sums, n).astype(small_int_dtype(L))
+    b = alg.rebinarise(s, L, (9, 0, 0, alg.REBINARISE))
+    assert b.dtype == np.int8 and set(np.unique(b)) <= {-1, 1}
+    est = (L * b.astype(np.float64)).reshape(len(sums), n).mean(axis=1)
+    sigma = np.sqrt((L ** 2 - sums.astype(np.float64) ** 2) / n)
+    assert np.all(np.abs(est - sums) <= 5 * sigma), (est, sums)
+    assert est[0] == -L and est[-1] == L
+
+
+def test_random_bits_depend_only_on_the_key():
+    p = np.full(10_000, 0.5)
+    a = stochastic_signs(p, (0, 5, 1, 0))
+    assert np.array_equal(a, stochastic_signs(p, (0, 5, 1, 0)))          # reproducible
+    assert not np.array_equal(a, stochastic_signs(p, (0, 6, 1, 0)))      # step matters
+    assert not np.array_equal(a, stochastic_signs(p, (0, 5, 2, 0)))      # rank matters
+    t = stochastic_signs(torch.from_numpy(p.astype(np.float32)), (0, 5, 1, 0))
+    assert np.array_equal(t.numpy(), a)                                   # numpy == torch
+    u = uniforms((3,), 1000)
+    assert u.dtype == np.float32 and 0 <= u.min() and u.max() < 1
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_normalised_momentum_is_bounded_without_clipping_for_equal_betas(kind):
+    rng = np.random.default_rng(0)
+    conv = torch.from_numpy if kind == "torch" else (lambda a: a)
+    g0 = conv(rng.standard_normal(1000).astype(np.float32))
+    state = alg.update_moments(g0, None, 0.9, 0.9)
+    assert np.array_equal(np.asarray(state[0]), np.asarray(g0))             # m = g at first
+    assert np.array_equal(np.asarray(state[1]), np.abs(np.asarray(g0)))     # v = |g|
+    assert state[0] is not g0                                                # no aliasing
+    for step in range(50):
+        g = conv((rng.standard_normal(1000) * (1 + step) * rng.choice([-1, 1])).astype(np.float32))
+        prev = state
+        copies = tuple(np.array(np.asarray(x)) for x in prev)
+        state = alg.update_moments(g, prev, 0.9, 0.9)
+        assert all(np.array_equal(np.asarray(a), b) for a, b in zip(prev, copies))  # not in place
+        m, v = (np.asarray(x, dtype=np.float64) for x in state)
+        assert np.all(np.abs(m) <= v * (1 + 1e-5) + 1e-30)                  # |m| <= v
+    u = np.asarray(alg.direction(*state, 1e-8))
+    assert np.all(np.abs(u) <= 1) and np.abs(u).max() < 1.0 and np.abs(u).min() >= 0
+    # A slow normaliser (b2 = 0.999) can leave |m/v| > 1 when gradients grow: clipped.
+    s = alg.update_moments(conv(np.ones(4, np.float32)), None, 0.9, 0.999)
+    s = alg.update_moments(conv(np.full(4, 100.0, np.float32)), s, 0.9, 0.999)
+    assert np.array_equal(np.asarray(alg.direction(*s, 1e-8)), np.ones(4, np.float32))
+
+
+def test_node_totals_and_mean_vote():
+    bits = np.array([[1, -1, 1, -1], [1, 1, -1, -1]], dtype=np.int8)  # 2 nodes
+    total = alg.node_votes_total(bits, 3, np.int8)
+    assert total.dtype == np.int8 and total.tolist() == [6, 0, 0, -6]
+    assert alg.mean_vote(total, 6).tolist() == [1.0, 0.0, 0.0, -1.0]
+    t = alg.mean_vote(total, 6, like=torch.zeros(1))
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    packed = pack_signs(np.array([1, -1, 1], dtype=np.int8))
+    assert unpack_signs(packed, 3, "int8").tolist() == [1, -1, 1]
+
+
+def test_small_int_dtype_and_aligned_shards():
+    assert small_int_dtype(1) == np.int8 and small_int_dtype(127) == np.int8
+    assert small_int_dtype(128) == np.int16 and small_int_dtype(40000) == np.int32
+    for n in (0, 1, 7, 8, 9, 1001, 85002):
+        for parts in (1, 2, 3, 4):
+            b = shard_bounds(n, parts)
+            assert b[0] == 0 and b[-1] == n and len(b) == parts + 1
+            assert all(x % 8 == 0 or x == n for x in b) and all(x <= y for x, y in zip(b, b[1:]))
+
+
+def test_public_surface_and_options():
+    assert hvdcomp.BinSGDM.__module__ == "hvdcomp.binsgdm"
+    assert "BinSGDM" in hvdcomp.__all__
+    comp = hvdcomp.BinSGDM(betas=(0.9, 0.999), eps=1e-6, seed=4, ranks_per_node=2)
+    assert comp.betas == (0.9, 0.999) and comp.min_compress_numel == 0
+    for bad in ({"betas": (1.0, 0.9)}, {"eps": 0}, {"uneven": "maybe"}):
+        with pytest.raises(ValueError):
+            hvdcomp.BinSGDM(**bad)
+
+
+# -- real MPI ranks ---------------------------------------------------------------------------
+def _all_same(res, key):
+    vals = [r[key] for r in res.values()]
+    assert all(v == vals[0] for v in vals), (key, vals)
+    return vals[0]
+
+
+@pytest.mark.timeout(200)
+def test_hierarchy_legs_and_layouts_on_4_ranks():
+    """One 4-rank job, several node layouts of the same world (hierarchy_check.py)."""
+    res = results(run(4, "hierarchy_check.py", timeout=180))
+    assert sorted(res) == [0, 1, 2, 3]
+    for rank, r in res.items():
+        # 2 nodes x 2 ranks (ranks_per_node=2): int8 inside the node, 1 bit/element/node across.
+        h = r["2x2"]
+        assert h["describe"] == "2 node(s) x 2 rank(s)" and h["identical"]
+        assert h["inter_sent"] == h["inter_recv"] == N_BIG // 2 // 8   # this rank's shard, 1 bit
+        assert h["node_inter_sent"] == N_BIG // 8                      # 1 bit per element per node
+        assert h["intra_sent"] == h["intra_recv"] == N_BIG // 2 + N_BIG // 2  # int8 scatter+gather
+        assert h["parent_sent"] == h["intra_sent"] + h["inter_sent"]
+        assert h["dtype"] == "int8" and set(h["values"]) <= {-4, 0, 4}
+        assert h["z_max"] < 5.5 and 0.8 < h["z2_mean"] < 1.2 and h["noisy"] > 1000  # unbiased
+        assert h["float_ok"]
+        # One node (MPI shared memory on this machine, or ranks_per_node=4): exact, no inter leg.
+        for name in ("shared", "1x4"):
+            h = r[name]
+            assert h["nodes"] == 1 and h["exact"] and h["identical"]
+            assert h["inter_sent"] == 0 and h["intra_sent"] == 2 * 3 * N_BIG // 4
+        # Nodes of one rank: no intra leg, every rank's bits to the 3 others, exact.
+        h = r["4x1"]
+        assert h["nodes"] == 4 and h["exact"] and h["intra_sent"] == 0
+        assert h["inter_sent"] == 3 * N_BIG // 8
+        # Uneven (3 + 1) with the default uneven='flat': one rank per node, warned on rank 0.
+        h = r["uneven31"]
+        assert h["flat_fallback"] and h["node_sizes"] == [3, 1] and h["nodes"] == 4
+        assert h["exact"] and h["identical"] and h["intra_sent"] == 0
+        assert h["inter_sent"] == 3 * N_BIG // 8
+        assert bool(h["warned"]) == (rank == 0)
+        assert "node sizes [3, 1]" in r["error"] and "node 1: ranks [3]" in r["error"]
+    assert "node sizes [3, 1]" in res[0]["uneven31"]["warned"][0]
+
+
+@pytest.mark.timeout(400)
+def test_binsgdm_trains_on_2x2_like_sgd_momentum_and_resumes():
+    """4 ranks as 2 nodes x 2 ranks, stock torch optimizer: BinSGDM (plain SGD, lr 0.002, no
+    warm-up) reaches the accuracy of uncompressed SGD-momentum (lr 0.05) within 5 points and
+    its loss within 0.25, ranks bit-identical after every step; a resumed run repeats the
+    uninterrupted one bit for bit."""
+    res = results(run(4, "binsgdm_train.py", 20, 0.05, 0.002, timeout=360,
+                      env={"HVDCOMP_RANKS_PER_NODE": "2"}))
+    assert sorted(res) == [0, 1, 2, 3]
+    steps = _all_same(res, "steps")
+    assert all(r["identical_steps"] == steps for r in res.values())
+    acc0, loss0 = _all_same(res, "base_acc"), _all_same(res, "base_loss")
+    acc, loss = _all_same(res, "acc"), _all_same(res, "loss")
+    print(f"SGD-momentum uncompressed: acc {acc0:.4f} loss {loss0:.4f}; "
+          f"BinSGDM 2x2: acc {acc:.4f} loss {loss:.4f}")
+    assert acc0 > 0.9
+    assert acc >= acc0 - 0.05 and loss <= loss0 + 0.25
+    d = _all_same(res, "elements")
+    assert _all_same(res, "layout") == "2 node(s) x 2 rank(s)"
+    bounds = shard_bounds(d, 2)
+    for rank, r in res.items():
+        assert r["legs"]["intra"] == d                  # int8: d/2 scattered + d/2 gathered
+        own = bounds[rank % 2 + 1] - bounds[rank % 2]   # this rank's shard, 1 bit per element
+        assert r["legs"]["inter"] == -(-own // 8)
+        assert r["stats"]["compressed_elements"] == r["stats"]["elements"]
+        assert r["resume_same"] and r["fresh_differs"] and r["state_pair"]
+        assert r["state_keys"] == ["0.bias", "0.weight", "2.bias", "2.weight", "4.bias",
+                                   "4.weight"]
+    node_inter = res[0]["legs"]["inter"] + res[1]["legs"]["inter"]
+    assert node_inter == -(-d // 8)                     # 1 bit per element per node
+    print(f"per step per rank: intra {res[0]['legs']['intra']} B, inter "
+          f"{res[0]['legs']['inter']} B for {d} elements")
+
+
+@pytest.mark.timeout(200)
+def test_uneven_nodes_fall_back_to_one_rank_per_node_or_refuse():
+    """3 ranks with HVDCOMP_RANKS_PER_NODE=2 (node sizes [2, 1]): the default falls back to one
+    rank per node (warning on rank 0, exact sums, ranks identical); uneven='error' raises
+    HierarchyError naming the node sizes on every rank."""
+    res = results(run(3, "binsgdm_topology.py", 6, timeout=180,
+                      env={"HVDCOMP_RANKS_PER_NODE": "2"}))
+    assert sorted(res) == [0, 1, 2]
+    for rank, r in res.items():
+        assert r["identical_steps"] == 6 and r["trained_through_compressor"]
+        assert r["flat_fallback"] and r["node_sizes"] == [2, 1]
+        assert r["layout"] == "3 node(s) x 1 rank(s), flattened from node sizes [2, 1]"
+        assert bool(r["warnings"]) == (rank == 0)
+        assert r["legs"] == {"intra": 0, "inter": 2 * -(-3000 // 8)}
+        assert set(r["mean_times_size"]) <= {-3.0, -1.0, 1.0, 3.0}
+        assert r["error"].startswith("HierarchyError") and "node sizes [2, 1]" in r["error"]
+    assert "node sizes [2, 1]" in res[0]["warnings"][0]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("elastic", [False, True])
+def test_world_of_one_rank(elastic):
+    """1 rank: the compressor moves nothing and returns the rank's own votes (+-1). Horovod's
+    torch DistributedOptimizer calls no compressor at all when size() == 1 unless
+    HOROVOD_ELASTIC=1 (horovod/torch/optimizer.py), which this test pins down."""
+    env = {"HVDCOMP_RANKS_PER_NODE": "2"}
+    if elastic:
+        env["HOROVOD_ELASTIC"] = "1"
+    r = results(run(1, "binsgdm_topology.py", 4, timeout=180, env=env))[0]
+    assert r["layout"] == "1 node(s) x 1 rank(s)" and not r["flat_fallback"]
+    assert r["sent"] == 0 and r["legs"] == {"intra": 0, "inter": 0}
+    assert r["mean_times_size"] == [-1.0, 1.0] and r["error"] is None
+    assert r["trained_through_compressor"] == elastic
