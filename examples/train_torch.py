@@ -28,6 +28,12 @@ COMPRESSIONS = {
     "sketchfusion": lambda: hvdcomp.SketchFusion(),
 }
 
+# Per-method (learning rate, SGD momentum), chosen once for this task. Sign-based methods take
+# steps of fixed size per element, so they want smaller rates; BinSGDM carries its own momentum,
+# so its inner optimizer is plain SGD.
+DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.02, 0.9),
+            "binsgdm": (0.002, 0.0), "topk": (0.05, 0.9), "sketchfusion": (0.05, 0.9)}
+
 
 def load_digits_split(seed=0):
     """The 1797 8x8 digit images, scaled to [0, 1], split 80/20 with a fixed permutation."""
@@ -63,9 +69,10 @@ def weights_digest(model):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compression", default="marsit", choices=sorted(COMPRESSIONS))
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=32, help="per rank")
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
+    ap.add_argument("--momentum", type=float, default=None, help="default: per method")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -78,7 +85,10 @@ def main():
 
     model = make_model()
     compression = COMPRESSIONS[args.compression]()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    lr, momentum = DEFAULTS[args.compression]
+    lr = args.lr if args.lr is not None else lr
+    momentum = args.momentum if args.momentum is not None else momentum
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

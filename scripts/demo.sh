@@ -10,4 +10,4 @@ NP="${NP:-4}"
 cd "$ROOT"
 exec timeout "${DEMO_TIMEOUT:-600}" "$ROOT/.venv/bin/horovodrun" -np "$NP" -H "localhost:$NP" --mpi \
   --mpi-args="--oversubscribe --bind-to none" \
-  "$ROOT/.venv/bin/python" examples/train_torch.py --lr 0.02 --epochs 20 "$@"
+  "$ROOT/.venv/bin/python" examples/train_torch.py "$@"
