@@ -19,7 +19,7 @@ import hvdcomp  # noqa: E402
 from report import report  # noqa: E402
 
 method, epochs = sys.argv[1], int(sys.argv[2])
-make = {"marsit": lambda: hvdcomp.Marsit()}[method]
+make, lr = {"marsit": (hvdcomp.Marsit, 0.02), "binsgdm": (hvdcomp.BinSGDM, 0.005)}[method]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 out = {}
@@ -58,7 +58,7 @@ aux = tf.keras.layers.Dense(64)
 aux.build((None, 64))
 variables = model.trainable_variables + aux.trainable_variables
 comp = make()
-opt = tf.keras.optimizers.SGD(0.02)
+opt = tf.keras.optimizers.SGD(lr)
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -93,7 +93,7 @@ tf.keras.utils.set_random_seed(0)
 kmodel = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(64,)),
                               tf.keras.layers.Dense(10)])
 comp = make()
-kmodel.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(0.02), compression=comp),
+kmodel.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(lr), compression=comp),
                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                metrics=["accuracy"])
 
