@@ -22,11 +22,6 @@ class _Planned(BatchedCompressor):
     compress = decompress = state_dict = load_state_dict = default_instance(_unavailable)
 
 
-class TopK(_Planned):
-    """Bidirectional Top-K sparsification (planned)."""
-    method, issue = "TopK", "issue 5"
-
-
 class SketchFusion(_Planned):
     """Count-Sketch compression with LayerFusion (planned)."""
     method, issue = "SketchFusion", "issue 6"

@@ -6,7 +6,7 @@ Per step, on every rank i, for each compressed tensor t (length n_t, target coun
 2. ``S_i = top-k_t of |a|`` per tensor (indices and values ``a[S_i]``: the sparse message)
 3. Aggregate ("downlink") selection: the ranks agree on an index set ``G`` of at most k_t
    indices per tensor, chosen from the sum of the sparse vectors (exactly, or by the pairwise
-   tree merge, see ``TopKMerge``). The value applied at ``j`` in ``G`` is the exact sum over
+   tree merge, see ``TopKMerge``). The value applied at ``j`` in ``G`` is the complete sum over
    ranks ``sum_i a_i[j] [j in S_i]`` (nothing dropped at an intermediate merge is lost), and every
    rank applies the mean, ``value / size``, at ``G`` and 0 elsewhere.
 4. Worker error feedback with per-worker add-back (gTop-k style): ``e = a - sent + lost``,
@@ -124,9 +124,10 @@ def won(sent, winners):
     return np.isin(sent, winners, assume_unique=True)
 
 
-def new_memory(a, sent_won):
+def new_memory(a, sent_won, copy=True):
     """``e = a`` with zeros at ``sent_won`` (indices into ``a``, same kind/device as ``a``): the
-    memory after error feedback with add-back (see the module docstring)."""
-    e = a.clone() if hasattr(a, "clone") else a.copy()
+    memory after error feedback with add-back (see the module docstring). ``copy=False``
+    writes into ``a`` (when ``a`` is a temporary, not the caller's gradient)."""
+    e = (a.clone() if hasattr(a, "clone") else a.copy()) if copy else a
     e[sent_won] = 0
     return e

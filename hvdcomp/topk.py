@@ -1,0 +1,165 @@
+"""``hvdcomp.TopK``: bidirectional Top-K sparsification with error feedback and per-worker
+add-back (math in ``hvdcomp.algorithms.topk``, selection in ``hvdcomp.backend.topk``).
+
+Per flush, every large gradient is compensated (``a = e + g``) and sparsified to its own k_t
+largest magnitudes; the batch's messages are laid end to end (one index space) and exchanged in
+one collective (``exchange``). State per tensor: the error-feedback memory ``e``.
+
+What travels, per rank and step, with K = sum of k_t and 8-byte entries (int32 index + float32
+value; int64 indices when a batch has 2**31 elements or more):
+- ``path='tree'`` (default), bidirectional: a global top-k tree (``hvdcomp.comm.tree``) merges
+  the ranks' sets pairwise over ceil(log2 size) rounds, each merge keeping per tensor the k_t
+  largest |sums| of at most 2 k_t candidates (``TopKMerge``); the root's index set ``G`` is
+  broadcast (4 bytes per index) and the complete sum of every rank's sent values at ``G`` is
+  formed by a ring all-reduce of |G| values. A rank sends at most about
+  ``8K + 4K ceil(log2 size) + 8K`` bytes: it grows like log(size).
+- ``path='allgather'``: every rank's set goes to every rank (``(size - 1) * 8K`` bytes sent per
+  rank: linear in size); every rank sums all sets in rank order and keeps the exact top-k_t of
+  the sum per tensor. This is the baseline (and GRACE's design).
+Both paths apply, at the selected indices, the complete sum over all ranks of the values sent
+there, so the per-worker add-back conserves mass (see ``hvdcomp.algorithms.topk``); they differ
+only in how ``G`` is chosen (approximate tree merge vs exact top-k of the full sum). Why the
+extra all-reduce on the tree path: a merge may drop a rank's value at an index that still wins
+at the root through another subtree; applying the tree's own sums would lose that value, and
+the rank could not know that it must add it back. Results are bit-identical on every rank: the
+tree's ``G`` comes from one root, the values from the ring all-reduce (each sum formed once,
+then copied); the all-gather path is a deterministic function of the same gathered data on
+every rank.
+
+``bidirectional=False`` is unidirectional Top-K: no second selection, the aggregate is the sum of
+all sparse vectors (up to size * K entries: traffic grows with size on either path).
+"""
+import numbers
+
+import numpy as np
+
+from hvdcomp.algorithms import topk as alg
+from hvdcomp.backend import xp
+from hvdcomp.comm import ring_allreduce
+from hvdcomp.comm.sparse import allgather_sets
+from hvdcomp.comm.tree import tree_broadcast, tree_reduce
+from hvdcomp.compressor import BatchedCompressor, DEFAULT_MIN_COMPRESS_NUMEL
+
+PATHS = ("tree", "allgather")
+SELECTIONS = ("approx", "exact")
+
+
+def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
+    """The aggregate of every rank's sparse message, identical on every rank.
+
+    Args:
+        ctx: the ``CommContext``.
+        sent: this rank's message ``(indices, values)``: int64 indices, strictly ascending, in
+            the fused index space ``[0, bounds[-1])``; values 1-D float (the wire dtype, the same
+            on every rank). Any count per tensor (the approximate selector may send up to
+            1.5 k_t); the aggregate rule keeps at most k_t.
+        bounds: tensor boundaries in the fused space (length T+1, starts at 0).
+        ks: per-tensor target counts k_t (length T).
+        path: 'tree' or 'allgather' (see the module docstring).
+        bidirectional: False for unidirectional Top-K (sum of all messages, no second top-k).
+    Returns:
+        ``(indices, sums)``: int64 indices, ascending (at most k_t per tensor when
+        bidirectional), and the sum over ranks of the values they sent at each index.
+    """
+    bounds = np.asarray(bounds, dtype=np.int64)
+    idt = np.int32 if bounds[-1] < 2 ** 31 else np.int64
+    idx, val = np.asarray(sent[0]), np.ascontiguousarray(sent[1])
+    wire = (idx.astype(idt), val)
+    rule_ks = list(ks) if bidirectional else None
+    if path == "allgather":
+        g = alg.global_selection(allgather_sets(ctx, wire), bounds, rule_ks)
+    elif path == "tree":
+        merge = alg.TopKMerge(bounds, rule_ks)
+        root_set = tree_reduce(ctx, wire, merge)
+        if root_set is not None:  # the rule also holds where no merge ran (a single rank)
+            root_set = merge(root_set, (wire[0][:0], val[:0]))
+        if bidirectional:
+            (gidx,) = tree_broadcast(ctx, None if root_set is None else [root_set[0]], [idt])
+            sums = np.zeros(gidx.size, dtype=val.dtype)
+            hit = alg.won(wire[0], gidx)
+            sums[np.searchsorted(gidx, wire[0][hit])] = val[hit]
+            g = (gidx, ring_allreduce(ctx, sums))
+        else:
+            g = tree_broadcast(ctx, root_set, [idt, val.dtype])
+    else:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return np.asarray(g[0], dtype=np.int64), g[1]
+
+
+class TopK(BatchedCompressor):
+    """Top-K compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.TopK)``.
+
+    Args:
+        ratio: density per tensor, in (0, 1]: k_t = ceil(ratio * numel). Default 0.01.
+        k: instead of ``ratio``, the same count k_t = min(k, numel) for every tensor (int >= 1).
+        bidirectional: True (default): the aggregate is sparsified again to k_t per tensor, and
+            each rank adds back to its memory the values it sent whose index lost (mass is
+            conserved); False: unidirectional Top-K (the sum of all ranks' sparse vectors).
+        path: 'tree' (default; traffic O(k log size)) or 'allgather' (the O(k size) baseline).
+        selection: 'approx' (default: sampled threshold, count within +-50% of k_t guaranteed,
+            see ``hvdcomp.backend.topk``) or 'exact'.
+        min_compress_numel: tensors with fewer elements (biases, norms) are summed uncompressed.
+        on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
+        seed: seed of the selection's samples (with the step and tensor: reproducible runs).
+    """
+
+    method = "TopK"
+    n_scalars = 0
+
+    def __init__(self, ratio=None, *, k=None, bidirectional=True, path="tree",
+                 selection="approx", min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
+                 on_nonfinite="raise", seed=0):
+        super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
+                         seed=seed)
+        if ratio is not None and k is not None:
+            raise ValueError("TopK takes ratio= or k=, not both")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
+                raise ValueError(f"k must be an integer >= 1, got {k!r}")
+            k = int(k)
+        else:
+            ratio = 0.01 if ratio is None else ratio
+            if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) \
+                    or not 0.0 < float(ratio) <= 1.0:
+                raise ValueError(f"ratio must lie in (0, 1], got {ratio!r}")
+            ratio = float(ratio)
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+        if not isinstance(bidirectional, bool):
+            raise ValueError(f"bidirectional must be True or False, got {bidirectional!r}")
+        self.ratio, self.k = ratio, k
+        self.bidirectional, self.path, self.selection = bidirectional, path, selection
+
+    def _prepare(self, entries):
+        for e in entries:
+            e.scratch = alg.accumulate(e.work, self.memory_like(e.key, e.work))
+        return [[] for _ in entries]
+
+    def _reduce(self, entries, scalars):
+        ctx = self._context()
+        ks = [alg.target_count(e.numel, self.ratio, self.k) for e in entries]
+        bounds = np.cumsum([0] + [e.numel for e in entries])
+        with self._phase("encode"):
+            msgs = [alg.select(e.scratch, k, self.selection, seed=(self.seed, self._step, t))
+                    for t, (e, k) in enumerate(zip(entries, ks))]
+            idx = np.concatenate([xp.to_host(m[0]) + off for m, off in zip(msgs, bounds)])
+            val = np.concatenate([xp.to_host(m[1]) for m in msgs])
+        with self._phase("comm"):
+            gidx, gsum = exchange(ctx, (idx, val), bounds, ks, self.path, self.bidirectional)
+        out = []
+        with self._phase("decode"):
+            won = alg.won(idx, gidx) if self.bidirectional else np.ones(idx.size, dtype=bool)
+            cut_g, cut_s = np.searchsorted(gidx, bounds), np.searchsorted(idx, bounds)
+            for t, e in enumerate(entries):
+                off, a = bounds[t], e.scratch
+                gsl, ssl = slice(cut_g[t], cut_g[t + 1]), slice(cut_s[t], cut_s[t + 1])
+                step = xp.zeros_like(a)
+                step[xp.from_host(gidx[gsl] - off, a)] = xp.from_host(gsum[gsl] / ctx.size, a)
+                sent_won = idx[ssl][won[ssl]] - off
+                # a = e.work + memory is a temporary; a = e.work may be the user's gradient
+                self._memory[e.key] = alg.new_memory(a, xp.from_host(sent_won, a),
+                                                     copy=a is e.work)
+                out.append(step)
+        return out
