@@ -1,4 +1,32 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from mpirun import results, run  # noqa: E402
+
+# (lr, momentum) chosen once per method for the digits task, as in examples/train_torch.py.
+SETTINGS = {"none": (0.05, 0.9), "marsit": (0.02, 0.9), "topk-bare": (0.05, 0.9),
+            "topk": (0.05, 0.9), "binsgdm": (0.002, 0.0)}
+EPOCHS = 20
+
+
+def train_digits(name, ranks=4, env=None):
+    """Run tests/mpi/train.py for compression ``name`` on ``ranks`` ranks; check that every rank
+    stayed bit-identical after every step and return the per-rank results."""
+    lr, momentum = SETTINGS[name]
+    res = results(run(ranks, "train.py", name, EPOCHS, lr, momentum, timeout=240, env=env))
+    assert sorted(res) == list(range(ranks))
+    assert all(r["identical_steps"] == r["steps"] == 220 for r in res.values())
+    assert len({(r["acc"], r["loss"]) for r in res.values()}) == 1  # one model everywhere
+    return res
+
+
+@pytest.fixture(scope="session")
+def uncompressed():
+    """The 4-rank uncompressed SGD-momentum run every method is compared with (run once)."""
+    res = train_digits("none")
+    assert res[0]["acc"] > 0.9
+    return res[0]

@@ -211,35 +211,3 @@ def test_compressor_conserves_mass_and_resumes(ranks):
     if ranks == 4:
         sent = {k: max(r["sent_bytes"][k] for r in res.values()) for k in res[0]["sent_bytes"]}
         assert sent["tree-bi"] < sent["allgather-bi"], sent
-
-
-@pytest.mark.timeout(200)
-def test_checkpoint_through_stock_torch_optimizer():
-    res = results(run(3, "topk_resume.py", timeout=180))
-    assert sorted(res) == [0, 1, 2]
-    for r in res.values():
-        assert r["same"] and r["fresh_differs"] and r["identical_steps"] == 12
-        assert r["memory_keys"] == ["0.weight", "2.weight"] and r["step"] == 12
-    assert len({r["memory_norm"] for r in res.values()}) == 3
-
-
-@pytest.mark.timeout(300)
-def test_training_matches_uncompressed_and_ranks_stay_identical():
-    """4 ranks on the digits task, compression=hvdcomp.TopK (the class: ratio 0.01, tree,
-    bidirectional): accuracy within 5 points of uncompressed (and loss within 0.25), every rank
-    bit-identical after every step, and at least 20x fewer bytes than an fp32 ring."""
-    base = results(run(4, "topk_train.py", "none", 20, 0.05, timeout=240))
-    topk = results(run(4, "topk_train.py", "topk-bare", 20, 0.05, timeout=240))
-    for res in (base, topk):
-        assert sorted(res) == [0, 1, 2, 3]
-        assert all(r["identical_steps"] == r["steps"] == 220 for r in res.values())
-        assert len({(r["acc"], r["loss"]) for r in res.values()}) == 1
-    acc0, loss0, acct, losst = base[0]["acc"], base[0]["loss"], topk[0]["acc"], topk[0]["loss"]
-    print(f"uncompressed acc {acc0:.4f} loss {loss0:.4f}; TopK acc {acct:.4f} loss {losst:.4f}")
-    assert acc0 > 0.9
-    assert acct >= acc0 - 0.05
-    assert losst <= loss0 + 0.25
-    assert topk[0]["memory_keys"] == ["0.weight", "2.weight", "4.weight"]
-    stats = topk[0]["stats"]
-    assert stats["compressed_elements"] > 0.99 * stats["elements"]
-    assert min(r["stats"]["ratio"] for r in topk.values()) > 20

@@ -31,3 +31,69 @@ def batch(x, y, step, rank, size=32):
     g = torch.Generator().manual_seed(10007 * step + rank)
     idx = torch.randint(0, len(x), (size,), generator=g)
     return x[idx], y[idx]
+
+
+def compression_for(name):
+    """The compression a test names: Horovod's own ('none', 'fp16') or an hvdcomp method, bare
+    ('topk-bare': the class itself) or configured."""
+    import horovod.torch as hvd
+    import hvdcomp
+    return {"none": lambda: hvd.Compression.none,
+            "fp16": lambda: hvd.Compression.fp16,
+            "marsit": lambda: hvdcomp.Marsit(seed=5),
+            "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),
+            "binsgdm": lambda: hvdcomp.BinSGDM(seed=3),
+            "topk": lambda: hvdcomp.TopK(ratio=0.01, seed=3),
+            "topk-bare": lambda: hvdcomp.TopK,
+            "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
+            "topk-uni": lambda: hvdcomp.TopK(bidirectional=False)}[name]()
+
+
+def compressor_object(compression):
+    """The hvdcomp instance behind ``compression`` (the default instance for a bare class), or
+    None for Horovod's own compressions."""
+    import hvdcomp
+    if isinstance(compression, type) and issubclass(compression, hvdcomp.BatchedCompressor):
+        return compression.default()
+    return compression if isinstance(compression, hvdcomp.BatchedCompressor) else None
+
+
+def build(compression, lr, momentum, hidden=256, state=None):
+    """Model + stock hvd.DistributedOptimizer(SGD) with ``compression``; parameters broadcast
+    from rank 0, or restored from ``state`` ({'model', 'opt', 'comp'}) on every rank."""
+    import horovod.torch as hvd
+    torch.manual_seed(0)
+    model = make_model(hidden)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression)
+    if state is None:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    else:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        compressor_object(compression).load_state_dict(state["comp"])
+    return model, opt
+
+
+def train(model, opt, x, y, start, stop, check=True):
+    """Steps ``start``..``stop`` on the deterministic batches; returns how many ended with
+    bit-identical parameters on every rank (when ``check``)."""
+    import horovod.torch as hvd
+    identical = 0
+    for step in range(start, stop):
+        xb, yb = batch(x, y, step, hvd.rank())
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        if check:
+            identical += identical_across_ranks(model)
+    return identical
+
+
+def evaluate(model, x, y):
+    """(accuracy, loss) on ``x``, ``y``."""
+    with torch.no_grad():
+        logits = model(x)
+        return ((logits.argmax(1) == y).float().mean().item(),
+                torch.nn.functional.cross_entropy(logits, y).item())

@@ -1,0 +1,30 @@
+"""Rank script: train the digits MLP with the stock hvd.DistributedOptimizer (SGD) and a named
+compression (see torch_common.compression_for), checking after every step that all ranks hold
+bit-identical parameters. Args: compression epochs lr momentum."""
+import sys
+
+import torch
+import horovod.torch as hvd
+
+from report import report
+from torch_common import (build, compression_for, compressor_object, evaluate,
+                          load_digits_split, train)
+
+name, epochs, lr, momentum = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+hvd.init()
+(xtr, ytr), (xte, yte) = load_digits_split(0)
+shard = torch.arange(hvd.rank(), len(xtr), hvd.size())
+xtr, ytr = xtr[shard], ytr[shard]
+compression = compression_for(name)
+model, opt = build(compression, lr, momentum)
+steps = epochs * (len(xtr) // 32)
+identical = train(model, opt, xtr, ytr, 0, steps)
+acc, loss = evaluate(model, xte, yte)
+comp = compressor_object(compression)
+extra = {}
+if getattr(comp, "last_legs", None):  # hierarchical methods: bytes per leg of the last step
+    extra = dict(legs={k: v.bytes_sent for k, v in comp.last_legs.items()},
+                 layout=comp.hierarchy().describe(), elements=comp.last_stats.elements)
+report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
+       stats=comp.total_stats.as_dict() if comp else None,
+       memory_keys=sorted(comp.state_dict()["memory"]) if comp else None, **extra)
