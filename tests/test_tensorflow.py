@@ -5,9 +5,10 @@ import pytest
 
 from mpirun import results, run
 
-# Variables whose state is kept: the compressed ones (Marsit skips tensors under 1024 elements;
+# Variables whose state is kept: the compressed ones (Marsit and TopK skip tensors under 1024
+# elements;
 # BinSGDM binarises every tensor). 'kernel:0' is a standalone layer's variable.
-KEYS = {"marsit": ["dense/kernel:0", "kernel:0"],
+KEYS = {"marsit": ["dense/kernel:0", "kernel:0"], "topk": ["dense/kernel:0", "kernel:0"],
         "binsgdm": ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0",
                     "dense_1/kernel:0", "kernel:0"]}
 

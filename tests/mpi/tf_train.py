@@ -19,7 +19,8 @@ import hvdcomp  # noqa: E402
 from report import report  # noqa: E402
 
 method, epochs = sys.argv[1], int(sys.argv[2])
-make, lr = {"marsit": (hvdcomp.Marsit, 0.02), "binsgdm": (hvdcomp.BinSGDM, 0.005)}[method]
+make, lr = {"marsit": (hvdcomp.Marsit, 0.02), "binsgdm": (hvdcomp.BinSGDM, 0.005),
+            "topk": (hvdcomp.TopK, 0.05)}[method]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 out = {}
