@@ -29,3 +29,14 @@ def test_eager_tf_function_and_keras(method, ranks):
     assert len(accs) == 1  # the same model everywhere
     tape_acc, keras_acc = accs.pop()
     assert tape_acc > 0.3 and keras_acc > 0.3, (tape_acc, keras_acc)  # it learns (10 classes)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["binsgdm", "marsit", "topk"])
+def test_checkpoint_resume_is_bit_identical(method):
+    """tf.train.Checkpoint for the model plus the compressor's state_dict(): a resumed run
+    equals the uninterrupted one bit for bit; a fresh compressor diverges."""
+    res = results(run(2, "tf_resume.py", method, timeout=240))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        assert r["same"] and r["fresh_differs"] and r["keys"] and r["step"] > 0
