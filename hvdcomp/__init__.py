@@ -13,7 +13,7 @@ from hvdcomp.compressor import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
                             RankMismatchError, UnsupportedTensorError)
 from hvdcomp.marsit import Marsit
-from hvdcomp.planned import SketchFusion
+from hvdcomp.sketchfusion import SketchFusion
 from hvdcomp.stats import StepStats
 from hvdcomp.topk import TopK
 

@@ -9,7 +9,8 @@ from mpirun import results, run  # noqa: E402
 
 # (lr, momentum) chosen once per method for the digits task, as in examples/train_torch.py.
 SETTINGS = {"none": (0.05, 0.9), "marsit": (0.02, 0.9), "topk-bare": (0.05, 0.9),
-            "topk": (0.05, 0.9), "binsgdm": (0.002, 0.0)}
+            "topk": (0.05, 0.9), "binsgdm": (0.002, 0.0), "sketchfusion-bare": (0.05, 0.9),
+            "sketchfusion-narrow": (0.05, 0.9)}
 EPOCHS = 20
 
 

@@ -20,17 +20,6 @@ def test_bare_class_uses_one_default_instance_per_class():
     assert configured.compress.__self__ is configured and configured.seed == 4
 
 
-def test_planned_methods_fail_when_used_not_at_import():
-    planned = [c for c in (hvdcomp.BinSGDM, hvdcomp.TopK, hvdcomp.SketchFusion)
-               if issubclass(c, hvdcomp.planned._Planned)]
-    for cls in planned:
-        inst = cls()
-        with pytest.raises(NotImplementedError, match=cls.__name__):
-            inst.compress(torch.zeros(3))
-        with pytest.raises(NotImplementedError, match=cls.__name__):
-            cls.compress(torch.zeros(3))
-
-
 @pytest.mark.parametrize("kwargs", [{"on_nonfinite": "ignore"}, {"compensation": "none"},
                                     {"min_compress_numel": -1}])
 def test_invalid_marsit_settings_rejected_at_construction(kwargs):

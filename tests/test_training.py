@@ -11,25 +11,28 @@ TOLERANCE_ACC, TOLERANCE_LOSS = 0.05, 0.25  # accuracy points and absolute test 
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("name, keys", [
-    ("marsit", ["0.weight", "2.weight", "4.weight"]),
-    ("topk-bare", ["0.weight", "2.weight", "4.weight"]),  # the class itself: default instance
+@pytest.mark.parametrize("name, min_ratio", [
+    ("marsit", 20), ("topk-bare", 20),  # '-bare': the class itself, i.e. its default instance
+    # SketchFusion's default sketch (5 x 10k per 1% of elements, plus k exact values) saves
+    # only ~2x on this small model; a narrower one (ratio 0.02, 3 x 4k) ~4x.
+    ("sketchfusion-bare", 1.5), ("sketchfusion-narrow", 3),
 ])
-def test_training_matches_uncompressed(uncompressed, name, keys):
+def test_training_matches_uncompressed(uncompressed, name, min_ratio):
     res = train_digits(name)
     r = res[0]
     print(f"uncompressed acc {uncompressed['acc']:.4f} loss {uncompressed['loss']:.4f}; "
           f"{name} acc {r['acc']:.4f} loss {r['loss']:.4f}, {r['stats']['ratio']:.1f}x fewer bytes")
     assert r["acc"] >= uncompressed["acc"] - TOLERANCE_ACC
     assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
-    assert r["memory_keys"] == keys
+    assert r["memory_keys"] == ["0.weight", "2.weight", "4.weight"]  # the large tensors
     assert r["stats"]["compressed_elements"] > 0.99 * r["stats"]["elements"]
-    assert min(x["stats"]["ratio"] for x in res.values()) > 20
+    assert min(x["stats"]["ratio"] for x in res.values()) > min_ratio
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("name, form", [("marsit", "rank"), ("marsit", "gathered"),
-                                        ("topk", "rank"), ("binsgdm", "gathered")])
+                                        ("topk", "rank"), ("binsgdm", "gathered"),
+                                        ("sketchfusion-narrow", "rank")])
 def test_checkpoint_resume_is_bit_identical(name, form):
     lr, momentum = SETTINGS[name]
     res = results(run(3, "resume.py", name, form, lr, momentum, timeout=180))

@@ -46,7 +46,9 @@ def compression_for(name):
             "topk": lambda: hvdcomp.TopK(ratio=0.01, seed=3),
             "topk-bare": lambda: hvdcomp.TopK,
             "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
-            "topk-uni": lambda: hvdcomp.TopK(bidirectional=False)}[name]()
+            "topk-uni": lambda: hvdcomp.TopK(bidirectional=False),
+            "sketchfusion-bare": lambda: hvdcomp.SketchFusion,
+            "sketchfusion-narrow": lambda: hvdcomp.SketchFusion(ratio=0.02, rows=3, width=4)}[name]()
 
 
 def compressor_object(compression):

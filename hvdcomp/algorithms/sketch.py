@@ -1,0 +1,70 @@
+"""Sketch-Fusion: Count-Sketch compression with worker-side error feedback: the math, no MPI.
+
+Per step, on every rank i, for the step's fused gradient vector g (length n, float32):
+
+1. ``a = e + g``                       (e: this rank's memory, zero at first)
+2. ``S_i = sketch(a)``                 (r x c float32 table, hashes shared by all ranks)
+3. ``S = sum_i S_i``                   (linear: the sketch of ``sum_i a_i``; a float ring
+                                        all-reduce of r*c values)
+4. ``G = heavy_hitters(S, k)``         (every rank unsketches the same S: the same k positions)
+5. values: with ``exact=True`` the exact sums ``sum_i a_i[G]`` (a second ring all-reduce of a
+   k-vector; no indices travel, every rank knows G); with ``exact=False`` the sketch's
+   estimates ``unsketch(S)[G]``.
+6. every rank applies ``values / size`` at G and 0 elsewhere.
+7. memory: ``exact=True``: ``e = a`` with zeros at G (this rank contributed exactly ``a_i[G]``
+   to the applied sum, so that mass leaves its memory); ``exact=False``: ``e = a - applied``
+   at G (each rank gives up an equal share of the estimate). Either way
+   ``sum_i e_i + size * applied == sum_i a_i`` (mass is conserved up to rounding).
+
+Why worker-side error feedback rather than FetchSGD's sketch-space momentum/error (S_u, S_e
+kept on the summed table, identical on every rank): the memory is exact (no sketch collision
+noise accumulates in it, and nothing is lost when a heavy hitter is mis-estimated), the state is
+per rank like Marsit's and TopK's (per-rank checkpoints), and it works with any optimizer's own
+momentum. The cost is n floats of memory per rank (FetchSGD's: 2 r c, replicated), and, as in
+any worker-side scheme, the second round when exact values are wanted.
+
+The gradients are the raw gradients; the learning rate and momentum are the user optimizer's.
+"""
+import math
+
+import numpy as np
+
+from hvdcomp.backend import sketch as cs
+
+
+def target_count(n, ratio):
+    """k = ceil(ratio * n), clipped to [1, n] (0 for n = 0)."""
+    return min(int(n), max(1, math.ceil(ratio * n))) if n else 0
+
+
+def sketch_cols(k, cols=None, width=10):
+    """Columns of the table: ``cols`` when given, else ``width * k``."""
+    return int(cols) if cols is not None else int(width) * int(k)
+
+
+def accumulate(grad, memory):
+    """``a = grad + memory`` (``memory`` None means zero); same kind/device as ``grad``."""
+    return grad if memory is None else grad + memory
+
+
+def encode(a, h):
+    """This rank's message: the float32 r x c sketch of ``a`` (NumPy, flattened, contiguous)."""
+    return cs.sketch(a, h).reshape(-1)
+
+
+def select(table, h, k):
+    """``(indices, estimates)`` of the k heavy hitters of the summed table (ascending int64)."""
+    return cs.heavy_hitters(table, h, k)
+
+
+def apply(a, indices, sums, size, exact=True):
+    """``(applied, memory)`` (float32 NumPy, length n) from this rank's ``a`` (NumPy), the
+    selected ``indices`` and the summed values there (exact sums or estimates)."""
+    applied = np.zeros(a.shape[0], dtype=np.float32)
+    applied[indices] = np.asarray(sums, dtype=np.float32) / np.float32(size)
+    memory = np.array(a, dtype=np.float32, copy=True)
+    if exact:
+        memory[indices] = 0
+    else:
+        memory[indices] -= applied[indices]
+    return applied, memory
