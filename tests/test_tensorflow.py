@@ -5,10 +5,11 @@ import pytest
 
 from mpirun import results, run
 
-# Variables whose state is kept: the compressed ones (Marsit and TopK skip tensors under 1024
-# elements;
+# Variables whose state is kept: the compressed ones (Marsit, TopK and SketchFusion skip tensors
+# under 1024 elements;
 # BinSGDM binarises every tensor). 'kernel:0' is a standalone layer's variable.
 KEYS = {"marsit": ["dense/kernel:0", "kernel:0"], "topk": ["dense/kernel:0", "kernel:0"],
+        "sketchfusion": ["dense/kernel:0", "kernel:0"],
         "binsgdm": ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0",
                     "dense_1/kernel:0", "kernel:0"]}
 
@@ -32,7 +33,7 @@ def test_eager_tf_function_and_keras(method, ranks):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", ["binsgdm", "marsit", "topk"])
+@pytest.mark.parametrize("method", ["binsgdm", "marsit", "sketchfusion", "topk"])
 def test_checkpoint_resume_is_bit_identical(method):
     """tf.train.Checkpoint for the model plus the compressor's state_dict(): a resumed run
     equals the uninterrupted one bit for bit; a fresh compressor diverges."""

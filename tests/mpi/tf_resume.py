@@ -20,7 +20,8 @@ from report import report  # noqa: E402
 
 make, lr = {"marsit": (lambda: hvdcomp.Marsit(seed=5), 0.02),
             "binsgdm": (lambda: hvdcomp.BinSGDM(seed=3), 0.005),
-            "topk": (lambda: hvdcomp.TopK(seed=3), 0.05)}[sys.argv[1]]
+            "topk": (lambda: hvdcomp.TopK(seed=3), 0.05),
+            "sketchfusion": (lambda: hvdcomp.SketchFusion(seed=3), 0.05)}[sys.argv[1]]
 N, M = 5, 5
 hvd.init()
 rank = hvd.rank()

@@ -20,7 +20,7 @@ from report import report  # noqa: E402
 
 method, epochs = sys.argv[1], int(sys.argv[2])
 make, lr = {"marsit": (hvdcomp.Marsit, 0.02), "binsgdm": (hvdcomp.BinSGDM, 0.005),
-            "topk": (hvdcomp.TopK, 0.05)}[method]
+            "topk": (hvdcomp.TopK, 0.05), "sketchfusion": (hvdcomp.SketchFusion, 0.05)}[method]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 out = {}
