@@ -3,6 +3,7 @@ hard timeout, so that a hang fails the test instead of waiting. Used by the mult
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_DIR = os.path.join(ROOT, "tests", "mpi")
@@ -43,25 +44,28 @@ def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=
                PYTHON, path, *map(str, args)]
     else:
         raise ValueError(launcher)
+    fd, results_path = tempfile.mkstemp(prefix="hvdcomp-results-", suffix=".txt")
+    os.close(fd)
+    env = dict(env or {}, HVDCOMP_TEST_RESULTS=results_path)
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout, env=mpi_env(env), cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout}s (hang?)\n{out[-4000:]}")
+    with open(results_path) as fh:
+        proc.results_text = fh.read()
+    os.unlink(results_path)
     if expect_ok and proc.returncode != 0:
         raise MPIRunError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-6000:]}", proc)
     return proc
 
 
 def results(proc, tag="RESULT"):
-    """The JSON objects the ranks printed on lines starting with ``RESULT ``, by rank (a
-    horovodrun ``[1,0]<stdout>:`` tag in front is ignored)."""
+    """The JSON objects the ranks reported (tests/mpi/report.py), by rank."""
     import json
-    import re
     out = {}
-    for line in proc.stdout.splitlines():
-        line = re.sub(r"^\[\d+,\d+\]<std(out|err)>:", "", line)
+    for line in proc.results_text.splitlines():
         if line.startswith(tag + " "):
             obj = json.loads(line[len(tag) + 1:])
             out[obj["rank"]] = obj

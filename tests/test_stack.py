@@ -8,7 +8,6 @@ computed here from the rank count, so every assertion can fail."""
 import os
 import re
 import subprocess
-import types
 
 import numpy as np
 import pytest
@@ -17,13 +16,9 @@ from mpirun import PYTHON, ROOT, mpi_env, results, run
 
 HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
-# horovodrun --mpi launches mpirun with --tag-output, so rank lines come back as
-# "[1,0]<stdout>:RESULT {...}"; strip that before the plain parser sees them.
-_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:", re.MULTILINE)
-
 
 def rank_results(proc, np_):
-    res = results(types.SimpleNamespace(stdout=_TAG.sub("", proc.stdout)))
+    res = results(proc)
     assert sorted(res) == list(range(np_)), (
         f"expected a RESULT line from each of {np_} ranks, got {sorted(res)}\n{proc.stdout[-4000:]}")
     return res

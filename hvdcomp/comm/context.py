@@ -4,10 +4,18 @@ with Horovod's (which shares the same MPI library and runs in a background threa
 ``get_context()`` returns one process-wide context. It checks that MPI gives
 ``MPI_THREAD_MULTIPLE`` (hvdcomp's calls run in the training thread while Horovod's background
 thread also calls MPI) and that the launch started real MPI ranks.
+
+Importing this module imports ``mpi4py.MPI``, which initialises MPI (THREAD_MULTIPLE) unless it
+is already up. Importing hvdcomp before ``hvd.init()`` (the usual order) therefore leaves MPI's
+lifetime to mpi4py, which finalises it at process exit, after Horovod's shutdown. Otherwise
+Horovod owns MPI, and its background thread finalises MPI as soon as the first rank of the job
+shuts down, cutting off a slower rank's last collectives (seen in tests at the end of a job).
 """
+import atexit
 import threading
 
 import numpy as np
+from mpi4py import MPI
 
 from hvdcomp.comm.stats import CommStats
 from hvdcomp.errors import LaunchError
@@ -18,11 +26,7 @@ MAX_MESSAGE_BYTES = 1 << 30
 
 _lock = threading.Lock()
 _context = None
-
-
-def _mpi():
-    from mpi4py import MPI
-    return MPI
+_communicators = []  # every communicator hvdcomp created, freed at exit (see _free_all)
 
 
 class CommContext:
@@ -33,6 +37,7 @@ class CommContext:
     """
 
     def __init__(self, comm, stats=None):
+        _communicators.append(comm)
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -56,14 +61,27 @@ class CommContext:
         return CommContext(self.comm.Split(color, key), self.stats)
 
 
+def _free_all():
+    """Free hvdcomp's communicators while MPI is still up. Registered at the first
+    ``get_context()``, i.e. after Horovod's and mpi4py's own exit handlers, so (exit handlers
+    run last-registered first) it runs before either finalises MPI; otherwise the communicator
+    objects would be released after MPI_Finalize, which Open MPI aborts on."""
+    global _context
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for comm in reversed(_communicators):
+            try:
+                comm.Free()
+            except Exception:  # noqa: BLE001 - already freed, or MPI going down
+                pass
+    _communicators.clear()
+    _context = None
+
+
 def get_context():
     """The process-wide hvdcomp context over all MPI ranks (created on first use)."""
     global _context
     with _lock:
         if _context is None:
-            MPI = _mpi()
-            if not MPI.Is_initialized():
-                MPI.Init_thread(MPI.THREAD_MULTIPLE)
             level = MPI.Query_thread()
             if level < MPI.THREAD_MULTIPLE:
                 raise LaunchError(
@@ -71,4 +89,5 @@ def get_context():
                     f"both call MPI), but MPI was initialised with thread level {level}. Do not set "
                     "HOROVOD_MPI_THREADS_DISABLE, and use an MPI built with thread support.")
             _context = CommContext(MPI.COMM_WORLD.Dup())
+            atexit.register(_free_all)
         return _context

@@ -22,7 +22,9 @@ print("RESULT " + json.dumps({"rank": rank, "size": size, "host": socket.gethost
                               "sum": total, "big": big, "mac": mac}), flush=True)
 if "--fail" in sys.argv and rank == size - 1:
     sys.exit(3)
-if "--hang" in sys.argv and rank == size - 1:
-    import time
-    time.sleep(3600)
-comm.Barrier()
+if "--hang" in sys.argv:
+    if rank == size - 1:  # hangs; the others leave quietly (no busy-waiting barrier)
+        import time
+        time.sleep(3600)
+else:
+    comm.Barrier()

@@ -4,10 +4,7 @@ mpi4py.MPI is imported (and so MPI initialised, asking for MPI_THREAD_MULTIPLE) 
 Horovod, then ``hvd.init()`` reuses that MPI. The script interleaves a Horovod allreduce, an
 mpi4py Allreduce on a duplicate of COMM_WORLD, and another Horovod allreduce, and reports the
 results, the thread level and both views of rank/size. Rank 0 prints one ``RESULT {json}``
-line per rank (see emit)."""
-import json
-import os
-import sys
+line per rank (see report.py)."""
 
 from mpi4py import MPI  # must come before horovod
 
@@ -18,19 +15,7 @@ torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
 
 import horovod.torch as hvd  # noqa: E402
-
-
-def emit(out):
-    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
-    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
-    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
-    separate write(2) calls), so the results are first gathered (mpi4py, after the checks) and one
-    process writes them, each line in a single write."""
-    outs = MPI.COMM_WORLD.allgather(out)
-    if out["rank"] == 0:
-        sys.stdout.flush()
-        for o in outs:
-            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
+from report import report_horovod  # noqa: E402
 
 
 def main():
@@ -61,7 +46,7 @@ def main():
 
     comm.Barrier()
     comm.Free()
-    emit(out)
+    report_horovod(hvd, out)
     hvd.shutdown()
 
 

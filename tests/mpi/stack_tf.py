@@ -5,10 +5,8 @@ trains a tiny Keras model for a few steps with ``hvd.DistributedGradientTape`` i
 ``tf.function``, starting from deliberately different per-rank weights that are fixed by a
 broadcast from rank 0. Rank 0 also trains a serial reference on all ranks' data concatenated,
 which SGD on averaged gradients must reproduce. Rank 0 prints one ``RESULT {json}`` line per
-rank (see emit); the test does every comparison."""
-import json
+rank (see report.py); the test does every comparison."""
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,6 +17,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import horovod.tensorflow as hvd  # noqa: E402
+from report import report_horovod  # noqa: E402
 
 STEPS, LR, BATCH = 4, 0.2, 8
 
@@ -42,19 +41,6 @@ def data(rank):
 
 def flat(model):
     return np.concatenate([v.numpy().reshape(-1) for v in model.trainable_variables]).tolist()
-
-
-def emit(out):
-    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
-    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
-    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
-    separate write(2) calls), so the results are first gathered (hvd.allgather_object) and one
-    process writes them, each line in a single write."""
-    outs = hvd.allgather_object(out)
-    if out["rank"] == 0:
-        sys.stdout.flush()
-        for o in outs:
-            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
 
 
 def main():
@@ -112,7 +98,7 @@ def main():
             ropt.apply_gradients(zip(grads, ref.trainable_variables))
         out["reference"] = flat(ref)
 
-    emit(out)
+    report_horovod(hvd, out)
 
 
 if __name__ == "__main__":

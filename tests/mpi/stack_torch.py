@@ -5,10 +5,7 @@ trains a tiny model for a few steps with ``hvd.DistributedOptimizer`` on rank-de
 (after deliberately different per-rank initialisations, fixed by a broadcast from rank 0).
 Rank 0 also trains a serial reference on all ranks' data concatenated, which plain SGD on
 averaged gradients must reproduce. Rank 0 prints one ``RESULT {json}`` line per rank (see
-emit); the test does every comparison."""
-import json
-import os
-import sys
+report.py); the test does every comparison."""
 
 import torch
 
@@ -16,6 +13,7 @@ torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
 
 import horovod.torch as hvd  # noqa: E402
+from report import report_horovod  # noqa: E402
 
 STEPS, LR, BATCH = 4, 0.2, 8
 
@@ -34,19 +32,6 @@ def data(rank):
 
 def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-
-
-def emit(out):
-    """Print every rank's ``RESULT`` line from rank 0 alone. Lines that several ranks write at
-    once can be spliced into each other by mpirun's output forwarding (seen here with ~2 KB
-    lines, and with print(), which under PYTHONUNBUFFERED writes the text and the newline in two
-    separate write(2) calls), so the results are first gathered (hvd.allgather_object) and one
-    process writes them, each line in a single write."""
-    outs = hvd.allgather_object(out)
-    if out["rank"] == 0:
-        sys.stdout.flush()
-        for o in outs:
-            os.write(1, ("RESULT " + json.dumps(o) + "\n").encode())
 
 
 def main():
@@ -99,7 +84,7 @@ def main():
             ropt.step()
         out["reference"] = flat(ref)
 
-    emit(out)
+    report_horovod(hvd, out)
     hvd.shutdown()
 
 

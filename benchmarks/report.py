@@ -1,0 +1,160 @@
+"""Turn the records of ``allreduce_bench.py`` (JSON lines) into a Markdown table, a CSV and a PNG.
+
+    python benchmarks/report.py results/bench-XXXX        (reads raw.jsonl and netprobe.jsonl)
+
+Writes ``table.md``, ``results.csv`` and ``allreduce.png`` in that folder and prints the table.
+Speedups are the Horovod fp32 (and fp16) time at the same link rate and size, from the same run,
+divided by the method's time.
+"""
+import csv
+import json
+import os
+import sys
+
+ORDER = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
+COLS = ["rate", "elements", "method", "status", "ms", "encode_ms", "comm_ms", "decode_ms",
+        "bytes_per_rank", "bytes_kind", "link_bytes_per_host", "speedup_vs_fp32",
+        "speedup_vs_fp16", "reps"]
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rate_key(label):
+    s = label.lower()
+    for suf, m in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if s.endswith(suf):
+            return float(s[:-len(suf)]) * m
+    return 0.0
+
+
+def fmt_elems(n):
+    return f"{n / 1e6:g}M" if n >= 1e6 else f"{n / 1e3:g}K"
+
+
+def rows_of(records):
+    base = {(r["label"], r["elements"], r["method"]): r for r in records if r["status"] == "ok"}
+    rows = []
+    for r in sorted(records, key=lambda r: (rate_key(r["label"]), r["elements"],
+                                            ORDER.index(r["method"]) if r["method"] in ORDER else 99)):
+        row = {"rate": r["label"], "elements": r["elements"], "method": r["method"],
+               "status": r["status"] if r["status"] == "ok" else r["status"][:80],
+               "reps": r.get("reps", 0)}
+        if r["status"] == "ok":
+            row["ms"] = r["seconds"] * 1e3
+            for k in ("encode", "comm", "decode"):
+                row[f"{k}_ms"] = r[k] * 1e3 if k in r else None
+            row["bytes_per_rank"] = r.get("bytes_per_rank")
+            row["bytes_kind"] = r.get("bytes_kind")
+            row["link_bytes_per_host"] = r.get("link_bytes_per_host")
+            for ref in ("fp32", "fp16"):
+                b = base.get((r["label"], r["elements"], f"hvd-{ref}"))
+                row[f"speedup_vs_{ref}"] = b["seconds"] / r["seconds"] if b else None
+        rows.append(row)
+    return rows
+
+
+def f(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def markdown(rows, probes):
+    out = []
+    for rate in sorted({r["rate"] for r in rows}, key=rate_key):
+        p = probes.get(rate)
+        out.append(f"### Link {rate}" + (f" (one TCP stream measured {p['mbit_per_s']:.0f} Mbit/s "
+                                          "between the emulated hosts)" if p else ""))
+        out.append("")
+        out.append("| elements | method | ms / allreduce | encode ms | comm ms | decode ms | "
+                   "MB sent / rank | MB on link / host | x vs fp32 | x vs fp16 |")
+        out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            if r["rate"] != rate:
+                continue
+            if r["status"] != "ok":
+                out.append(f"| {fmt_elems(r['elements'])} | {r['method']} | {r['status']} "
+                           "| | | | | | | |")
+                continue
+            mb = r["bytes_per_rank"] / 1e6 if r["bytes_per_rank"] is not None else None
+            link = (r["link_bytes_per_host"] / 1e6 if r["link_bytes_per_host"] is not None
+                    else None)
+            star = "*" if r["bytes_kind"] == "nominal ring" else ""
+            out.append(
+                f"| {fmt_elems(r['elements'])} | {r['method']} | {r['ms']:.1f} | "
+                f"{f(r['encode_ms'], '.1f')} | {f(r['comm_ms'], '.1f')} | "
+                f"{f(r['decode_ms'], '.1f')} | {f(mb, '.2f')}{star} | {f(link, '.2f')} | "
+                f"{f(r['speedup_vs_fp32'], '.2f')} | {f(r['speedup_vs_fp16'], '.2f')} |")
+        out.append("")
+    out.append("ms / allreduce: median over the timed calls of the slowest rank's time of one "
+               "`hvd.allreduce` (compress + communicate + decompress). encode/comm/decode: "
+               "hvdcomp's `last_stats.phases` (slowest rank per phase, so they need not add up). "
+               "MB sent / rank: hvdcomp's byte counters (metadata included); * = Horovod, nominal "
+               "ring volume 2(P-1)/P x n x itemsize. MB on link / host: bytes that left each "
+               "emulated host on its shaped link per call (kernel counters; includes barriers).")
+    return "\n".join(out)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = sorted({r["rate"] for r in rows}, key=rate_key)
+    methods = [m for m in ORDER if any(r["method"] == m and r["status"] == "ok" for r in rows)]
+    fig, axes = plt.subplots(2, len(rates), figsize=(5 * len(rates), 8.5), squeeze=False)
+    styles = {"hvd-fp32": ("k", "o", "-"), "hvd-fp16": ("0.5", "s", "--"),
+              "Marsit": ("tab:red", "D", "-"), "BinSGDM": ("tab:blue", "^", "-"),
+              "TopK": ("tab:green", "v", "-"), "SketchFusion": ("tab:purple", "P", "-")}
+    for j, rate in enumerate(rates):
+        ax, bx = axes[0][j], axes[1][j]
+        for m in methods:
+            pts = sorted((r["elements"], r["ms"], r["speedup_vs_fp32"]) for r in rows
+                         if r["rate"] == rate and r["method"] == m and r["status"] == "ok")
+            if not pts:
+                continue
+            c, mk, ls = styles.get(m, (None, "x", "-"))
+            xs = [p[0] / 1e6 for p in pts]
+            ax.plot(xs, [p[1] for p in pts], color=c, marker=mk, ls=ls, label=m)
+            if not m.startswith("hvd-fp32"):
+                bx.plot(xs, [p[2] for p in pts], color=c, marker=mk, ls=ls, label=m)
+        ax.set_xscale("log"), ax.set_yscale("log")
+        ax.set_title(f"link {rate}: time per allreduce")
+        ax.set_xlabel("gradient size (M float32 elements)"), ax.set_ylabel("ms (log)")
+        ax.grid(True, which="both", alpha=0.3)
+        bx.axhline(1.0, color="k", lw=1)
+        bx.set_xscale("log"), bx.set_yscale("log")
+        bx.set_title(f"link {rate}: speedup over Horovod fp32 (>1 wins)")
+        bx.set_xlabel("gradient size (M float32 elements)"), bx.set_ylabel("x (log)")
+        bx.grid(True, which="both", alpha=0.3)
+        if j == 0:
+            ax.legend(fontsize=8), bx.legend(fontsize=8)
+    fig.suptitle("2 hosts x 2 ranks, emulated links (tc tbf): one gradient all-reduce")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    folder = sys.argv[1]
+    records = load(os.path.join(folder, "raw.jsonl"))
+    probes = {}
+    pp = os.path.join(folder, "netprobe.jsonl")
+    if os.path.exists(pp):
+        for p in load(pp):
+            probes[p["label"]] = p
+    rows = rows_of(records)
+    md = markdown(rows, probes)
+    with open(os.path.join(folder, "table.md"), "w") as fh:
+        fh.write(md + "\n")
+    with open(os.path.join(folder, "results.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in COLS})
+    plot(rows, os.path.join(folder, "allreduce.png"))
+    print(md)
+    print(f"\nwrote {folder}/table.md, results.csv, allreduce.png")
+
+
+if __name__ == "__main__":
+    main()

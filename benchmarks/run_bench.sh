@@ -1,0 +1,68 @@
+#!/bin/bash
+# The compression benchmark on an emulated cluster, in one command (as root, from anywhere):
+#
+#   benchmarks/run_bench.sh
+#
+# Brings up HOSTS (default 2) network-namespace hosts (benchmarks/cluster.sh), and for every link
+# rate in RATES (default "100mbit 1gbit 10gbit") re-shapes the links, measures one TCP stream
+# between two hosts (benchmarks/netprobe.py) and runs benchmarks/allreduce_bench.py on
+# HOSTS x PER_HOST ranks (default 2) over SIZES (default 1M,5M,25M elements) with REPS (default 3)
+# timed calls after one warm-up. Then writes, under results/bench-<time>/ (also results/latest):
+# raw.jsonl, netprobe.jsonl, table.md, results.csv, allreduce.png (benchmarks/report.py) and
+# cost_model.md (benchmarks/cost_model.py), and prints the table. The cluster is removed on exit,
+# also after a failure or Ctrl-C. About 10-15 minutes on a 2-core machine with the defaults.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+cd "$ROOT"
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+RATES=${RATES:-"100mbit 1gbit 10gbit"}
+SIZES=${SIZES:-1M,5M,25M}
+REPS=${REPS:-3}
+HOSTS=${HOSTS:-2}
+PER_HOST=${PER_HOST:-2}
+METHODS=${METHODS:-hvd-fp32,hvd-fp16,Marsit,BinSGDM,TopK,SketchFusion}
+JOB_TIMEOUT=${JOB_TIMEOUT:-900}
+OUT=${OUT:-$ROOT/results/bench-$(date +%Y%m%d-%H%M%S)}
+CLUSTER="$HERE/cluster.sh"
+export HVDC_PREFIX=${HVDC_PREFIX:-hvdc} HVDC_SUBNET=${HVDC_SUBNET:-10.77.0}
+
+mkdir -p "$OUT"
+cleanup() { "$CLUSTER" down || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"$CLUSTER" down >/dev/null 2>&1 || true     # leftovers of a run that was killed hard
+first=${RATES%% *}
+"$CLUSTER" up "$HOSTS" "$first"
+{ echo "# $(date -Is) $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"; "$CLUSTER" status; } \
+    > "$OUT/environment.txt"
+
+for rate in $RATES; do
+    "$CLUSTER" rate "$rate"
+    port=$((5900 + RANDOM % 90))
+    timeout 60 "$CLUSTER" exec 1 "$PY" "$HERE/netprobe.py" server "$port" &
+    probe=$(timeout 60 "$CLUSTER" exec 0 "$PY" "$HERE/netprobe.py" client "$HVDC_SUBNET.11" "$port" 3 \
+        2>/dev/null || true)
+    wait || true
+    echo "netprobe $rate: ${probe:-failed}"
+    if [ -n "$probe" ]; then
+        echo "$probe" | "$PY" -c "import json,sys; d=json.load(sys.stdin); d['label']='$rate'; print(json.dumps(d))" \
+            >> "$OUT/netprobe.jsonl"
+        measured=$(echo "$probe" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['mbit_per_s']*1e6)")
+    else
+        measured=0
+    fi
+    rate_bps=$("$PY" -c "
+s='$rate'.lower()
+for suf,m in (('gbit',1e9),('mbit',1e6),('kbit',1e3)):
+    if s.endswith(suf): print(float(s[:-len(suf)])*m); break")
+    "$CLUSTER" run --per-host "$PER_HOST" --timeout "$JOB_TIMEOUT" -- \
+        "$PY" "$HERE/allreduce_bench.py" --sizes "$SIZES" --methods "$METHODS" --reps "$REPS" \
+        --max-seconds 45 --label "$rate" --rate-bps "$rate_bps" --measured-bps "$measured" \
+        --out "$OUT/raw.jsonl"
+done
+
+"$PY" "$HERE/report.py" "$OUT"
+"$PY" "$HERE/cost_model.py" "$OUT/raw.jsonl" | tee "$OUT/cost_model.md"
+ln -sfn "$(basename "$OUT")" "$ROOT/results/latest"
+echo "results in $OUT"
