@@ -1,6 +1,6 @@
-"""Rank script: the same inputs and settings through hvd.allreduce(compression=Marsit(seed=3)) in
-PyTorch or TensorFlow (arg 1: torch|tf), three steps (so the compensation memory is exercised);
-rank 0 saves the results to the .npy file named by arg 2."""
+"""Rank script: the same inputs and settings through hvd.allreduce(compression=<method>(seed=3))
+in PyTorch or TensorFlow (arg 1: torch|tf), three steps (so the per-tensor state is exercised);
+rank 0 saves the results to the .npy file named by arg 2. Arg 3: marsit|binsgdm|topk|sketchfusion."""
 import sys
 
 import numpy as np
@@ -8,7 +8,7 @@ import numpy as np
 import hvdcomp
 from report import report
 
-framework, path = sys.argv[1], sys.argv[2]
+framework, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
 if framework == "torch":
     import torch
     import horovod.torch as hvd
@@ -18,7 +18,8 @@ else:
     import horovod.tensorflow as hvd
     convert, back = tf.constant, lambda t: t.numpy()
 hvd.init()
-comp = hvdcomp.Marsit(seed=3)
+comp = {"marsit": hvdcomp.Marsit, "binsgdm": hvdcomp.BinSGDM, "topk": hvdcomp.TopK,
+        "sketchfusion": hvdcomp.SketchFusion}[method](seed=3)
 outs = []
 for step in range(3):
     x = np.random.default_rng(100 * step + hvd.rank()).standard_normal(3001).astype(np.float32)
