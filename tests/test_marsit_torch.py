@@ -32,6 +32,8 @@ def test_bad_input_errors_on_every_rank():
         assert "'ints'" in r["dtype_error"] and "int32" in r["dtype_error"]
         assert r["lowp_float16"] == ["torch.float16", True, True]
         assert r["lowp_bfloat16"] == ["torch.bfloat16", True, True]
+        assert r["empty"] == [[0], 0]
+        assert r["scalar"] == [[], 1.0]  # the mean of 0, 1, 2 (small: exact, uncompressed)
 
 
 @pytest.mark.timeout(200)

@@ -81,4 +81,9 @@ for dt in (torch.float16, torch.bfloat16):
     r = hvd.allreduce(t, name=f"lowp.{dt}", compression=hvdcomp.Marsit())
     out[f"lowp_{str(dt)[6:]}"] = [str(r.dtype), bool(torch.isfinite(r.float()).all()),
                                   r.shape == t.shape]
+# Empty and 0-d tensors: reduced like any other (uncompressed path), shape kept.
+e = hvd.allreduce(torch.zeros(0), name="empty", compression=hvdcomp.Marsit())
+z = hvd.allreduce(torch.tensor(float(rank)), name="scalar", compression=hvdcomp.Marsit())
+out["empty"] = [list(e.shape), e.numel()]
+out["scalar"] = [list(z.shape), float(z)]
 report(rank=rank, **out)
