@@ -9,17 +9,14 @@ to the compressor's ``reduce_now`` (the shared NumPy backend: no second implemen
 
 Ordering: the op is stateful, and ``tf.function`` runs stateful ops in program order (automatic
 control dependencies; Horovod wraps each allreduce in a ``tf.cond``, which is stateful too), so
-hvdcomp's collectives run in trace order, the same on every rank. Within one graph the ops are
-also chained explicitly. TF1-style sessions (no automatic control dependencies) are not
-supported. State is keyed by the variable's name (read from Horovod's ``allreduce_grads``
+hvdcomp's collectives run in trace order, the same on every rank. (No explicit chaining: each
+op lives in its own ``tf.cond`` branch graph, where a chain could not link them anyway.)
+TF1-style sessions (no automatic control dependencies) are not supported. State is keyed by the variable's name (read from Horovod's ``allreduce_grads``
 frame), so a retrace (new input shape) finds the same state.
 """
 import sys
-import weakref
 
 import tensorflow as tf
-
-_last_op = weakref.WeakKeyDictionary()  # graph -> last hvdcomp op traced in it
 
 DEFERRED = True
 
@@ -86,12 +83,7 @@ class Deferred:
         def run(value, reduced):
             return comp.reduce_now(key, value, reduced)
 
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        prev = _last_op.get(graph) if graph is not None else None
-        with tf.control_dependencies([prev] if prev is not None else []):
-            out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
-                                    name="hvdcomp_" + comp.method)
-        if graph is not None:
-            _last_op[graph] = out
+        out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
+                                name="hvdcomp_" + comp.method)
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
