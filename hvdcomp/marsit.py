@@ -1,14 +1,18 @@
 """``hvdcomp.Marsit``: 1 bit per element on every hop of a ring all-reduce, with global
 compensation (algorithm in ``hvdcomp.algorithms.marsit``).
 
-Per flush, all large gradients are fused into one vector, so one ring all-reduce of packed sign
-bits carries the whole step; each rank sends ``2 (size-1)/size * d/8`` bytes plus a few scalars.
-State per tensor: the compensation memory ``e`` (same dtype/device as the working gradient).
+Per flush, the packed sign bits of all large gradients are fused into one byte buffer (each
+tensor starts on a byte boundary, so no float copy of the gradients is made), and one ring
+all-reduce carries the whole step; each rank sends ``2 (size-1)/size * sum(ceil(d_i/8))`` bytes
+plus a few scalars. State per tensor: the compensation memory ``e`` (same dtype/device as the
+working gradient); each step stores a new array (the step's compensated gradient, overwritten
+in place by its residual), never mutating the previous one.
 """
 import numpy as np
 
 from hvdcomp.algorithms import marsit as alg
 from hvdcomp.backend import xp
+from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.compressor import BatchedCompressor, DEFAULT_MIN_COMPRESS_NUMEL
 
@@ -39,26 +43,31 @@ class Marsit(BatchedCompressor):
 
     def _prepare(self, entries):
         for e in entries:
-            e.scratch = alg.compensate(e.work, self.memory_like(e.key, e.work))
-        return [[alg.l1_scale(e.scratch)] for e in entries]
+            memory = self.memory_like(e.key, e.work)
+            e.scratch = (alg.compensate(e.work, memory), memory is not None)
+        return [[alg.l1_scale(e.scratch[0])] for e in entries]
 
     def _reduce(self, entries, scalars):
         ctx = self._context()
         with self._phase("encode"):
-            fused = xp.concat([e.scratch for e in entries], like=entries[0].scratch)
-            packed = np.ascontiguousarray(xp.to_host(alg.encode(fused)))
+            packed = np.concatenate([np.ascontiguousarray(xp.to_host(alg.encode(e.scratch[0])))
+                                     for e in entries])
         with self._phase("comm"):
             ring_allreduce(ctx, packed, alg.MarsitMerge(self.seed, self._step, ctx.rank))
         out = []
         with self._phase("decode"):
-            signs = alg.decode(xp.from_host(packed, fused), fused.shape[0])
             off = 0
             for i, e in enumerate(entries):
+                p, p_is_scratch = e.scratch
+                nbytes = packed_nbytes(e.numel)
+                signs = alg.decode(xp.from_host(packed[off:off + nbytes], p), e.numel)
                 delta = alg.global_scale(scalars[:, i, 0])
-                step, memory = alg.apply(signs[off:off + e.numel], delta, e.scratch)
                 if self.compensation == "local":
-                    memory = alg.local_memory(e.scratch, scalars[ctx.rank, i, 0])
+                    memory = alg.local_memory(p, scalars[ctx.rank, i, 0])
+                    step, _ = alg.apply(signs, delta, p)
+                else:
+                    step, memory = alg.apply(signs, delta, p, p_is_scratch)
                 self._memory[e.key] = memory
                 out.append(step)
-                off += e.numel
+                off += nbytes
         return out

@@ -73,8 +73,12 @@ def test_marsit_compensation_arithmetic():
     assert alg.l1_scale(p) == pytest.approx(3.6 / 4)
     signs = alg.decode(alg.encode(p), 4)
     assert list(signs) == [1, -1, -1, 1]
-    step, mem = alg.apply(signs, 0.9, p)
+    assert np.allclose(alg.local_memory(p, 0.5), p - 0.5 * signs)
+    p_before = p.copy()
+    step, mem = alg.apply(signs.copy(), 0.9, p)
     assert np.allclose(step, [0.9, -0.9, -0.9, 0.9])
     assert np.allclose(mem + step, p)  # nothing lost: memory + applied step == compensated grad
+    assert np.array_equal(p, p_before) and mem is not p  # p may be the user's gradient
+    step2, mem2 = alg.apply(signs.copy(), 0.9, p, p_is_scratch=True)  # in place, same numbers
+    assert mem2 is p and np.array_equal(mem2, mem) and np.array_equal(step2, step)
     assert alg.global_scale([1.0, 2.0, 4.0]) == pytest.approx(7 / 3)
-    assert np.allclose(alg.local_memory(p, 0.5), p - 0.5 * signs)

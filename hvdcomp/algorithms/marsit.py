@@ -50,10 +50,20 @@ def decode(packed, d, dtype="float32"):
     return unpack_signs(packed, d, dtype)
 
 
-def apply(signs, delta, p):
+def apply(signs, delta, p, p_is_scratch=False):
     """``(step, new_memory)``: ``step = delta * signs`` is applied by every rank, and
-    ``e = p - step`` (global compensation)."""
-    step = signs * delta
+    ``e = p - step`` (global compensation).
+
+    ``signs`` is consumed: the step is computed in its storage (``decode`` returns a fresh
+    array). ``p`` is overwritten with the new memory when ``p_is_scratch`` (the caller owns it,
+    e.g. ``compensate`` allocated it); otherwise the memory is a new array and ``p`` (which may
+    be the user's gradient) is left as it is.
+    """
+    step = signs
+    step *= delta
+    if p_is_scratch:
+        p -= step
+        return step, p
     return step, p - step
 
 
