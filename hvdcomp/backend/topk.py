@@ -94,11 +94,26 @@ def _kth_largest(sample, r):
     return float(np.partition(sample, m - r)[m - r])
 
 
-def _above(mag, threshold):
-    """Ascending int64 indices where ``mag >= threshold``."""
-    if is_torch(mag):
-        return (mag >= threshold).nonzero().reshape(-1)
-    return np.flatnonzero(mag >= threshold)
+SCAN_BLOCK = 1 << 16  # elements per cache-resident block of the NumPy threshold scan
+
+
+def _above(x, threshold):
+    """Ascending int64 indices where ``|x| >= threshold``. NumPy scans in blocks that stay in
+    cache (|x|, the comparison and the index extraction never make an n-sized temporary)."""
+    if is_torch(x):
+        return (x.abs() >= threshold).nonzero().reshape(-1)
+    n = x.shape[0]
+    mag = np.empty(min(n, SCAN_BLOCK), dtype=x.dtype)
+    hit = np.empty(mag.shape[0], dtype=bool)
+    found = []
+    for lo in range(0, n, SCAN_BLOCK):
+        m = min(SCAN_BLOCK, n - lo)
+        np.abs(x[lo:lo + m], out=mag[:m])
+        np.greater_equal(mag[:m], threshold, out=hit[:m])
+        idx = np.flatnonzero(hit[:m])
+        if idx.size:
+            found.append(idx + lo)
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 @_via_numpy
@@ -124,27 +139,26 @@ def topk_approx(x, k, *, seed=0, sample=0.01, tol=0.5, info=None):
     if n < EXACT_BELOW or k == n or 2 * m >= n:
         info.update({"pass": "exact", "count": k})
         return topk_exact(x, k)
-    mag = _magnitude(x)
     pos = np.random.default_rng(seed).integers(0, n, size=m)
     if is_torch(x):
         pos = _torch().from_numpy(pos).to(x.device)
-    sampled = mag[pos]
+    sampled = _magnitude(x[pos])
     r = max(1, round(m * k / n))  # sample rank of the threshold for density k/n
     lo, hi = k - tol * k, k + tol * k
     for attempt in ("sample", "resample"):
-        idx = _above(mag, _kth_largest(sampled, r))
+        idx = _above(x, _kth_largest(sampled, r))
         c = int(idx.shape[0])
         if lo <= c <= hi:
             info.update({"pass": attempt, "count": c})
             return idx, x[idx]
         if c > hi:  # too many: the exact top-k among the (few) candidates
-            keep = _exact_indices(mag[idx], k)
+            keep = _exact_indices(_magnitude(x[idx]), k)
             info.update({"pass": attempt + "-trim", "count": k})
             return _sorted_pick(x, idx[keep])
         # too few: the sample overestimated the threshold; scale its rank by the shortfall
         r = min(m, math.ceil(r * k / max(c, 1) * 1.1))
     info.update({"pass": "exact", "count": k})
-    return _sorted_pick(x, _exact_indices(mag, k))
+    return _sorted_pick(x, _exact_indices(_magnitude(x), k))
 
 
 def select_topk(x, k, method="approx", seed=0):
