@@ -14,7 +14,7 @@ import sys
 ORDER = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
 COLS = ["rate", "elements", "method", "status", "ms", "encode_ms", "comm_ms", "decode_ms",
         "bytes_per_rank", "bytes_kind", "link_bytes_per_host", "speedup_vs_fp32",
-        "speedup_vs_fp16", "reps"]
+        "speedup_vs_fp16", "comm_speedup_vs_fp32", "comm_speedup_vs_fp16", "reps"]
 
 
 def load(path):
@@ -52,6 +52,8 @@ def rows_of(records):
             for ref in ("fp32", "fp16"):
                 b = base.get((r["label"], r["elements"], f"hvd-{ref}"))
                 row[f"speedup_vs_{ref}"] = b["seconds"] / r["seconds"] if b else None
+                comm = r.get("comm")
+                row[f"comm_speedup_vs_{ref}"] = b["seconds"] / comm if b and comm else None
         rows.append(row)
     return rows
 
@@ -68,14 +70,16 @@ def markdown(rows, probes):
                                           "between the emulated hosts)" if p else ""))
         out.append("")
         out.append("| elements | method | ms / allreduce | encode ms | comm ms | decode ms | "
-                   "MB sent / rank | MB on link / host | x vs fp32 | x vs fp16 |")
-        out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                   "MB sent / rank | MB on link / host | x vs fp32 | x vs fp16 | comm x vs fp32 | "
+                   "comm x vs fp16 |")
+        out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                   "| ---: |")
         for r in rows:
             if r["rate"] != rate:
                 continue
             if r["status"] != "ok":
                 out.append(f"| {fmt_elems(r['elements'])} | {r['method']} | {r['status']} "
-                           "| | | | | | | |")
+                           "| | | | | | | | | |")
                 continue
             mb = r["bytes_per_rank"] / 1e6 if r["bytes_per_rank"] is not None else None
             link = (r["link_bytes_per_host"] / 1e6 if r["link_bytes_per_host"] is not None
@@ -85,14 +89,20 @@ def markdown(rows, probes):
                 f"| {fmt_elems(r['elements'])} | {r['method']} | {r['ms']:.1f} | "
                 f"{f(r['encode_ms'], '.1f')} | {f(r['comm_ms'], '.1f')} | "
                 f"{f(r['decode_ms'], '.1f')} | {f(mb, '.2f')}{star} | {f(link, '.2f')} | "
-                f"{f(r['speedup_vs_fp32'], '.2f')} | {f(r['speedup_vs_fp16'], '.2f')} |")
+                f"{f(r['speedup_vs_fp32'], '.2f')} | {f(r['speedup_vs_fp16'], '.2f')} | "
+                f"{f(r['comm_speedup_vs_fp32'], '.1f')} | {f(r['comm_speedup_vs_fp16'], '.1f')} |")
         out.append("")
     out.append("ms / allreduce: median over the timed calls of the slowest rank's time of one "
                "`hvd.allreduce` (compress + communicate + decompress). encode/comm/decode: "
                "hvdcomp's `last_stats.phases` (slowest rank per phase, so they need not add up). "
                "MB sent / rank: hvdcomp's byte counters (metadata included); * = Horovod, nominal "
                "ring volume 2(P-1)/P x n x itemsize. MB on link / host: bytes that left each "
-               "emulated host on its shaped link per call (kernel counters; includes barriers).")
+               "emulated host on its shaped link per call (kernel counters; includes barriers). "
+               "x vs fp32/fp16: Horovod's allreduce time / this method's whole time (encode + "
+               "collective + decode). comm x: Horovod's allreduce time / this method's collective "
+               "alone (the comm phase: ring or tree with its per-hop merges, encode and decode "
+               "excluded), i.e. what the 1-bit wire format buys once encode/decode run at "
+               "accelerator speed.")
     return "\n".join(out)
 
 
