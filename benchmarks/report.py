@@ -106,6 +106,33 @@ def markdown(rows, probes):
     return "\n".join(out)
 
 
+def train_markdown(records):
+    """The per-step training table of ``train_step_bench.py`` records, one block per link."""
+    out = ["## Training step of a communication-heavy model (train_step_bench.py)", ""]
+    first = next((r for r in records if r["status"] == "ok"), None)
+    if first:
+        out.append(f"torch.nn.TransformerEncoder LM, {first['params'] / 1e6:.1f}M parameters in "
+                   f"{first['tensors']} tensors, {first['ranks']} ranks on {first['hosts']} hosts; "
+                   "stock hvd.DistributedOptimizer; median of the slowest rank's step time.")
+        out.append("")
+    out.append("| link | method | ms / step | compute ms (no Horovod) | MB sent / rank / step | "
+               "x vs fp32 | x vs fp16 |")
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    base = {(r["label"], r["method"]): r for r in records if r["status"] == "ok"}
+    for r in sorted(records, key=lambda r: (rate_key(r["label"]), ORDER.index(r["method"])
+                                            if r["method"] in ORDER else 99)):
+        if r["status"] != "ok":
+            out.append(f"| {r['label']} | {r['method']} | {r['status'][:80]} | | | | |")
+            continue
+        x = {ref: (base[(r["label"], f"hvd-{ref}")]["seconds"] / r["seconds"]
+                   if (r["label"], f"hvd-{ref}") in base else None) for ref in ("fp32", "fp16")}
+        star = "*" if r.get("bytes_kind") == "nominal ring" else ""
+        out.append(f"| {r['label']} | {r['method']} | {r['seconds'] * 1e3:.0f} | "
+                   f"{r['compute_seconds'] * 1e3:.0f} | {r['bytes_per_rank'] / 1e6:.2f}{star} | "
+                   f"{f(x['fp32'], '.2f')} | {f(x['fp16'], '.2f')} |")
+    return "\n".join(out)
+
+
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -154,6 +181,9 @@ def main():
             probes[p["label"]] = p
     rows = rows_of(records)
     md = markdown(rows, probes)
+    tp = os.path.join(folder, "train.jsonl")
+    if os.path.exists(tp):
+        md += "\n\n" + train_markdown(load(tp))
     with open(os.path.join(folder, "table.md"), "w") as fh:
         fh.write(md + "\n")
     with open(os.path.join(folder, "results.csv"), "w", newline="") as fh:

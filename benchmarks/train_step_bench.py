@@ -1,0 +1,152 @@
+"""Rank script: per-step training time of a communication-heavy model, per compressor, in one job.
+
+Launched by ``benchmarks/run_bench.sh`` through ``benchmarks/cluster.sh run`` (one job per link
+rate, after ``allreduce_bench.py``); any MPI launch works too:
+
+    mpirun -np 4 --oversubscribe .venv/bin/python benchmarks/train_step_bench.py --steps 3
+
+The model is a real architecture's parameter list: ``torch.nn.TransformerEncoder`` (``--layers``
+layers, d_model 512, 8 heads, feed-forward 2048) under a 5000-token embedding and output layer,
+4 layers: 17.7M parameters in 51 tensors of very different sizes (biases and norms of
+512 elements, matrices of 0.26M to 2.6M). Per rank, a batch of 4 random sequences of 32 tokens: little
+compute per parameter, so the step is dominated by the gradient all-reduce, as in large-model
+data parallelism on slow links.
+
+For every method (Horovod fp32/fp16, every hvdcomp compressor) a fresh model (same seed on every
+rank) and the stock ``hvd.DistributedOptimizer(SGD(lr=1e-4), named_parameters=...,
+compression=C)`` run ``--warmup`` steps, then ``--steps`` timed steps (fewer when a warm-up step
+took longer than ``--max-seconds / steps``), each after a barrier; a step's time is the slowest
+rank's (zero_grad + forward + backward + step). Also measured once, with no Horovod in the loop:
+the forward + backward time alone (``compute``). Rank 0 appends one JSON object per method to
+``--out`` (``kind: "train"``): median step seconds, compute seconds, parameters, tensors, and
+hvdcomp's mean bytes sent per rank per step (Horovod: the nominal ring volume).
+"""
+import argparse
+import json
+import statistics
+import time
+
+from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
+
+import torch
+import horovod.torch as hvd
+
+import hvdcomp
+
+ALL_METHODS = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
+VOCAB, D_MODEL, SEQ, BATCH = 5000, 512, 32, 4
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        layer = torch.nn.TransformerEncoderLayer(D_MODEL, 8, 2048, dropout=0.0, batch_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens):
+        return self.head(self.body(self.embed(tokens)))
+
+
+def make_compression(method):
+    if method == "hvd-fp32":
+        return hvd.Compression.none
+    if method == "hvd-fp16":
+        return hvd.Compression.fp16
+    return getattr(hvdcomp, method)()
+
+
+def one_step(model, opt, tokens):
+    opt.zero_grad()
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=60)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    hvd.init()
+    comm = MPI.COMM_WORLD.Dup()
+    rank, size = hvd.rank(), hvd.size()
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
+
+    torch.manual_seed(0)
+    model = TinyLM(args.layers)
+    params = sum(p.numel() for p in model.parameters())
+    tensors = sum(1 for _ in model.parameters())
+    plain = torch.optim.SGD(model.parameters(), lr=1e-4)
+    one_step(model, plain, tokens)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    one_step(model, plain, tokens)
+    compute = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    if rank == 0:
+        print(f"# train-step bench: {size} ranks, {params / 1e6:.1f}M parameters in {tensors} "
+              f"tensors, compute (forward+backward, no Horovod) {compute * 1e3:.0f} ms",
+              flush=True)
+
+    out = open(args.out, "a") if (args.out and rank == 0) else None
+    for method in args.methods.split(","):
+        status, times, sent = "ok", [], []
+        try:
+            comp = make_compression(method)
+            torch.manual_seed(0)
+            model = TinyLM(args.layers)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
+                                           named_parameters=model.named_parameters(),
+                                           compression=comp)
+            steps = args.steps
+            for i in range(args.warmup + steps):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                one_step(model, opt, tokens)
+                dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                if i == 0 and dt * steps > args.max_seconds:
+                    steps = max(1, int(args.max_seconds // dt))
+                if i >= args.warmup:
+                    times.append(dt)
+                    st = getattr(comp, "last_stats", None)
+                    if st is not None:
+                        sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)
+                if i >= args.warmup + steps - 1:
+                    break
+        except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
+            status = f"error: {type(exc).__name__}: {exc}"
+        comm.Barrier()
+        rec = {"kind": "train", "label": args.label, "ranks": size, "hosts": hvd.cross_size(),
+               "method": method, "status": status, "params": params, "tensors": tensors,
+               "compute_seconds": compute, "steps": len(times)}
+        if status == "ok":
+            rec["seconds"] = statistics.median(times)
+            if sent:
+                rec["bytes_per_rank"], rec["bytes_kind"] = statistics.median(sent), "measured"
+            else:
+                item = 2 if method == "hvd-fp16" else 4
+                rec["bytes_per_rank"] = 2 * (size - 1) / size * params * item
+                rec["bytes_kind"] = "nominal ring"
+        if rank == 0:
+            print(f"{args.label:>8} train {method:<13} "
+                  + (f"{rec['seconds'] * 1e3:9.1f} ms/step" if status == "ok" else status[:100]),
+                  flush=True)
+            if out:
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
