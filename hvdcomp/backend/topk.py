@@ -94,12 +94,12 @@ def _kth_largest(sample, r):
     return float(np.partition(sample, m - r)[m - r])
 
 
-SCAN_BLOCK = 1 << 16  # elements per cache-resident block of the NumPy threshold scan
+SCAN_BLOCK = 1 << 20  # elements per block of the NumPy threshold scan (measured best of 2**14..2**23)
 
 
 def _above(x, threshold):
-    """Ascending int64 indices where ``|x| >= threshold``. NumPy scans in blocks that stay in
-    cache (|x|, the comparison and the index extraction never make an n-sized temporary)."""
+    """Ascending int64 indices where ``|x| >= threshold``. NumPy scans in blocks of SCAN_BLOCK
+    elements (|x|, the comparison and the index extraction never make an n-sized temporary)."""
     if is_torch(x):
         return (x.abs() >= threshold).nonzero().reshape(-1)
     n = x.shape[0]
