@@ -31,9 +31,8 @@ from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 import torch
 import horovod.torch as hvd
 
-import hvdcomp
+from allreduce_bench import ALL_METHODS, make_compression  # this script's folder
 
-ALL_METHODS = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
 VOCAB, D_MODEL, SEQ, BATCH = 5000, 512, 32, 4
 
 
@@ -47,14 +46,6 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, tokens):
         return self.head(self.body(self.embed(tokens)))
-
-
-def make_compression(method):
-    if method == "hvd-fp32":
-        return hvd.Compression.none
-    if method == "hvd-fp16":
-        return hvd.Compression.fp16
-    return getattr(hvdcomp, method)()
 
 
 def one_step(model, opt, tokens):
