@@ -30,6 +30,8 @@ State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed 
 ``state_dict()``; the random votes are keyed by (seed, step, rank), so a resumed run repeats the
 uninterrupted one bit for bit.
 """
+import numbers
+
 import numpy as np
 
 from hvdcomp.algorithms import binsgdm as alg
@@ -64,11 +66,18 @@ class BinSGDM(BatchedCompressor):
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, on_nonfinite="raise", seed=0,
                  ranks_per_node=None, uneven="flat"):
         super().__init__(min_compress_numel=0, on_nonfinite=on_nonfinite, seed=seed)
-        b1, b2 = (float(b) for b in betas)
+        try:
+            b1, b2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from None
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
         if not float(eps) > 0.0:
             raise ValueError(f"eps must be > 0, got {eps}")
+        if ranks_per_node is not None and not (isinstance(ranks_per_node, numbers.Integral)
+                                               and not isinstance(ranks_per_node, bool)
+                                               and ranks_per_node >= 1):
+            raise ValueError(f"ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
         if uneven not in ("flat", "error"):
             raise ValueError(f"uneven must be 'flat' or 'error', got {uneven!r}")
         self.betas, self.eps = (b1, b2), float(eps)

@@ -10,7 +10,7 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
    is the same on every rank by construction (Horovod's ``synchronize()`` walks parameters in an
    order that can differ between ranks). Every compress of a step precedes its first decompress.
 3. A flush first agrees on the batch: every rank contributes a fingerprint of its
-   (name, numel, dtype) list; any difference raises ``RankMismatchError`` on every rank, naming
+   (name, shape, dtype) list; any difference raises ``RankMismatchError`` on every rank, naming
    the tensors and ranks. Then one small all-gather carries each tensor's status (finite,
    supported dtype) and the method's per-tensor scalars; a NaN/Inf or an unsupported dtype on any
    rank raises on every rank (or, with ``on_nonfinite='skip'``, the whole step's gradients are
@@ -25,6 +25,7 @@ Instances hold per-tensor state (``_memory``, keyed by name) and are checkpointa
 its methods then act on one default instance per class (``Cls.default()``).
 """
 import hashlib
+import numbers
 import threading
 import time
 import weakref
@@ -76,6 +77,11 @@ class Entry:
         self.scratch = None  # method-specific per-step data (e.g. the compensated vector)
 
 
+def _is_count(value):
+    """An integer >= 0 (numbers.Integral, numpy's included; not bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
 def horovod_world():
     """(size, rank) of an initialised Horovod (torch or TensorFlow), or None."""
     import sys
@@ -90,10 +96,10 @@ def horovod_world():
 
 
 def fingerprint(entries):
-    """Two 26-bit integers (exact in float64) hashing the batch's (name, numel, dtype) list."""
+    """Two 26-bit integers (exact in float64) hashing the batch's (name, shape, dtype) list."""
     h = hashlib.blake2b(digest_size=8)
     for e in entries:
-        h.update(f"{e.key}|{e.numel}|{e.dtype_name}\n".encode())
+        h.update(f"{e.key}|{tuple(e.shape)}|{e.dtype_name}\n".encode())
     v = int.from_bytes(h.digest(), "little")
     return [float(v & 0x3FFFFFF), float((v >> 26) & 0x3FFFFFF)]
 
@@ -114,8 +120,10 @@ class BatchedCompressor:
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
                  seed=0):
-        if int(min_compress_numel) < 0:
-            raise ValueError(f"min_compress_numel must be >= 0, got {min_compress_numel}")
+        if not _is_count(min_compress_numel):
+            raise ValueError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
+        if not _is_count(seed):
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
         self.min_compress_numel = int(min_compress_numel)
@@ -186,6 +194,11 @@ class BatchedCompressor:
         """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step)."""
         if getattr(ctx, "DEFERRED", False):
             return ctx.build(output)
+        if ctx is None and getattr(output, "is_sparse", False) is True:
+            # A sparse torch gradient (e.g. nn.Embedding(sparse=True)) without sparse_as_dense:
+            # horovod.torch reduced it itself (uncompressed all-gather of indices and values,
+            # already averaged) without calling compress(); it hands us the result, ctx None.
+            return output
         with self._lock:
             if ctx not in self._results:
                 if not any(e.ticket is ctx for e in self._pending):
@@ -350,11 +363,12 @@ class BatchedCompressor:
         rows = ctx.allgather_array(header)
         if (rows == rows[0]).all():
             return
-        lists = ctx.allgather_object([(e.key, e.numel, e.dtype_name) for e in entries])
+        lists = ctx.allgather_object([(e.key, e.numel, tuple(e.shape), e.dtype_name)
+                                      for e in entries])
         per_key = {}
         for r, items in enumerate(lists):
-            for key, numel, dtype in items:
-                per_key.setdefault(key, {})[r] = (numel, dtype)
+            for key, numel, shape, dtype in items:
+                per_key.setdefault(key, {})[r] = (numel, tuple(shape), dtype)
         problems = []
         for key in sorted(per_key):
             seen = per_key[key]
@@ -362,7 +376,8 @@ class BatchedCompressor:
             if missing:
                 problems.append(f"{key!r} is missing on rank(s) {missing}")
             elif len(set(seen.values())) > 1:
-                desc = ", ".join(f"rank {r}: {n} elements {d}" for r, (n, d) in sorted(seen.items()))
+                desc = ", ".join(f"rank {r}: {n} elements, shape {list(s)}, {d}"
+                                 for r, (n, s, d) in sorted(seen.items()))
                 problems.append(f"{key!r} differs between ranks ({desc})")
         counts = ", ".join(f"rank {r}: {len(items)}" for r, items in enumerate(lists))
         raise RankMismatchError(

@@ -42,6 +42,9 @@ def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=
         cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(np_),
                "-H", f"localhost:{np_}", "--mpi", "--mpi-args=--oversubscribe --bind-to none",
                PYTHON, path, *map(str, args)]
+    elif launcher == "horovodrun-gloo":  # Gloo-only: no MPI ranks (each process a singleton)
+        cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(np_),
+               "-H", f"localhost:{np_}", "--gloo", PYTHON, path, *map(str, args)]
     else:
         raise ValueError(launcher)
     fd, results_path = tempfile.mkstemp(prefix="hvdcomp-results-", suffix=".txt")

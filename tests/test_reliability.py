@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from mpirun import run
+from mpirun import results, run
 
 
 @pytest.mark.timeout(300)
@@ -24,9 +24,45 @@ def test_torch_and_tensorflow_give_the_same_aggregate(tmp_path, method):
 
 
 @pytest.mark.timeout(150)
-def test_a_dying_rank_ends_the_job_within_60s():
+@pytest.mark.parametrize("mode", ["kill", "raise", "stall"])
+def test_a_dying_rank_ends_the_job_within_60s(mode):
+    """The last rank is SIGKILLed, raises an uncaught exception, or submits one gradient fewer
+    (Horovod then waits for it before hvdcomp sees the batch; its stall inspector shuts down
+    after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): the job ends non-zero, without hanging."""
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "10"}
     t0 = time.monotonic()
-    proc = run(3, "dying_rank.py", timeout=120, expect_ok=False)
+    proc = run(3, "dying_rank.py", mode, timeout=120, expect_ok=False, env=env)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     assert elapsed < 60 + 15, elapsed  # 60 s bound after start-up (imports take ~10 s)
+    if mode == "raise":
+        assert "rank failure injected by the test" in proc.stdout
+        assert "MPI_ABORT was invoked on rank 2" in proc.stdout
+    if mode == "stall":  # Horovod names the tensor and the rank that never submitted it
+        assert "Missing ranks" in proc.stdout and "allreduce.4.bias" in proc.stdout
+
+
+@pytest.mark.timeout(150)
+def test_gloo_only_launch_is_refused_on_every_rank():
+    """horovodrun --gloo starts no MPI ranks (each process is an MPI singleton): every method
+    raises LaunchError naming both worlds on every rank; Horovod itself keeps working."""
+    res = results(run(2, "gloo_launch.py", timeout=120, launcher="horovodrun-gloo"))
+    assert sorted(res) == [0, 1]
+    for rank, r in res.items():
+        assert r["size"] == 2 and r["plain"] == 2.0
+        for m in ("Marsit", "BinSGDM", "TopK", "SketchFusion"):
+            assert r[m] and r[m].startswith(
+                f"{m}: Horovod runs 2 ranks (this is rank {rank}) but MPI has 1 (rank 0)"), r[m]
+            assert "horovodrun --gloo" in r[m] and "horovodrun --mpi" in r[m]
+
+
+@pytest.mark.timeout(150)
+def test_world_of_one_rank_every_method():
+    """Size 1 (HOROVOD_ELASTIC=1 so that the optimizer calls the compressor): no bytes move, the
+    one-rank result of each method is exact, training steps go through the compressor."""
+    r = results(run(1, "one_rank.py", timeout=120, env={"HOROVOD_ELASTIC": "1"}))[0]
+    assert r["size"] == 1
+    for m in ("Marsit", "BinSGDM", "TopK", "SketchFusion"):
+        sent, same_shape, err = r[f"{m}.direct"]
+        assert sent == 0 and same_shape and err <= 1e-6, (m, r[f"{m}.direct"])
+        assert r[f"{m}.trained"] == [3, True], m

@@ -31,8 +31,9 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("name, form", [("marsit", "rank"), ("marsit", "gathered"),
-                                        ("topk", "rank"), ("binsgdm", "gathered"),
-                                        ("sketchfusion-narrow", "rank")])
+                                        ("topk", "rank"), ("topk", "gathered"),
+                                        ("binsgdm", "gathered"), ("sketchfusion-narrow", "rank"),
+                                        ("sketchfusion-narrow", "gathered")])
 def test_checkpoint_resume_is_bit_identical(name, form):
     lr, momentum = SETTINGS[name]
     res = results(run(3, "resume.py", name, form, lr, momentum, timeout=180))

@@ -10,8 +10,16 @@ is already up. Importing hvdcomp before ``hvd.init()`` (the usual order) therefo
 lifetime to mpi4py, which finalises it at process exit, after Horovod's shutdown. Otherwise
 Horovod owns MPI, and its background thread finalises MPI as soon as the first rank of the job
 shuts down, cutting off a slower rank's last collectives (seen in tests at the end of a job).
+
+An exception that ends one rank (uncaught in the main thread) aborts the whole MPI job
+(``MPI_Abort``, exit code 1) after its traceback is printed, as ``python -m mpi4py`` does:
+otherwise that rank would wait forever in ``MPI_Finalize`` for ranks that wait in a collective
+for it (seen: a Horovod stall shutdown on one rank hung the job). Installed at import when MPI
+has more than one rank; ``HVDCOMP_ABORT_ON_EXCEPTION=0`` leaves ``sys.excepthook`` alone.
 """
 import atexit
+import os
+import sys
 import threading
 
 import numpy as np
@@ -91,3 +99,23 @@ def get_context():
             _context = CommContext(MPI.COMM_WORLD.Dup())
             atexit.register(_free_all)
         return _context
+
+
+def _install_abort_on_uncaught_exception():
+    """Chain ``sys.excepthook`` so that an uncaught exception aborts every rank (see above)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            if MPI.Is_initialized() and not MPI.Is_finalized():
+                MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+if MPI.COMM_WORLD.Get_size() > 1 and os.environ.get("HVDCOMP_ABORT_ON_EXCEPTION", "1") != "0":
+    _install_abort_on_uncaught_exception()

@@ -42,7 +42,8 @@ def tensor_identity(tensor, depth=8):
 
 
 def describe_dtype(tensor):
-    return str(tensor.dtype).replace("torch.", "")
+    name = str(tensor.dtype).replace("torch.", "")
+    return f"sparse {name}" if tensor.is_sparse else name
 
 
 def is_supported(tensor):

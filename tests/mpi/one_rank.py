@@ -1,0 +1,40 @@
+"""Rank script for a world of one rank (run with HOROVOD_ELASTIC=1, so that Horovod's torch
+DistributedOptimizer calls the compressor at size 1). Per method: a direct hvd.allreduce sends
+no bytes and gives the method's one-rank result (TopK ratio 1 and SketchFusion ratio 1: the
+gradient itself; Marsit: mean|g| * sign(g); BinSGDM: sign(g)), and a few optimizer steps go
+through the compressor."""
+import torch
+import horovod.torch as hvd
+
+import hvdcomp
+from report import report
+from torch_common import batch, load_digits_split, make_model
+
+hvd.init()
+(xtr, ytr), _ = load_digits_split(0)
+g = torch.randn(3000, generator=torch.Generator().manual_seed(0))
+expected = {"Marsit": g.abs().mean() * g.sign(), "BinSGDM": g.sign(), "TopK": g,
+            "SketchFusion": g}
+METHODS = {"Marsit": lambda: hvdcomp.Marsit(),
+           "BinSGDM": lambda: hvdcomp.BinSGDM(),
+           "TopK": lambda: hvdcomp.TopK(ratio=1.0, selection="exact"),
+           "SketchFusion": lambda: hvdcomp.SketchFusion(ratio=1.0, rows=1, width=1)}
+out = {"size": hvd.size()}
+for m, make in METHODS.items():
+    comp = make()
+    r = hvd.allreduce(g, name=f"{m}.g", compression=comp)
+    out[f"{m}.direct"] = [comp.last_stats.bytes_sent, r.shape == g.shape,
+                          float((r - expected[m]).abs().max())]
+    torch.manual_seed(0)
+    model = make_model(hidden=32)
+    comp = make()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    for step in range(3):
+        xb, yb = batch(xtr, ytr, step, 0)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    out[f"{m}.trained"] = [comp.last_stats is not None and comp.last_stats.step,
+                           all(bool(torch.isfinite(p).all()) for p in model.parameters())]
+report(rank=hvd.rank(), **out)

@@ -1,0 +1,129 @@
+"""Bad and unusual input for every hvdcomp method, on real MPI ranks with real Horovod: each case
+raises a clear error (which tensor, which rank, what was expected) on every rank, or is handled
+correctly (fp16/bf16, empty and 0-d tensors, sparse gradients). Constructor validation needs no
+MPI. Rank script: tests/mpi/bad_input.py."""
+import math
+
+import pytest
+
+import hvdcomp
+from mpirun import results, run
+
+METHODS = ["Marsit", "BinSGDM", "TopK", "SketchFusion"]
+
+
+@pytest.fixture(scope="module")
+def bad_input():
+    res = results(run(2, "bad_input.py", timeout=240))
+    assert sorted(res) == [0, 1]
+    return res
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_low_precision_fp16_bf16(bad_input, m):
+    """dtype and shape kept, finite, equal to the float32 path on the same values cast back."""
+    for r in bad_input.values():
+        for dt in ("float16", "bfloat16"):
+            kept_dtype, kept_shape, finite, equal_fp32, nonzero = r[f"{m}.lowp_{dt}"]
+            assert kept_dtype and kept_shape and finite and equal_fp32, (m, dt)
+            assert nonzero >= 400, (m, dt, nonzero)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_empty_and_0d_tensors(bad_input, m):
+    for r in bad_input.values():
+        assert r[f"{m}.empty"] == [[0], 0, "torch.float32"]
+        shape, value, dtype = r[f"{m}.scalar"]
+        assert shape == [] and dtype == "torch.float32"
+        if m == "BinSGDM":  # every tensor is voted on: the mean of a random and a +1 vote
+            assert value in (0.0, 1.0)
+        else:  # small: summed exactly, uncompressed: mean of 0 and 1
+            assert value == 0.5
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_unsupported_dtypes_and_sparse_tensor_raise(bad_input, m):
+    for r in bad_input.values():
+        for dt in ("int32", "int64", "bool", "complex64", "sparse"):
+            msg = r[f"{m}.unsupported_{dt}"]
+            assert msg and msg.startswith(f"{m}: tensor '{m}.bad_{dt}' on rank 0 has dtype"), msg
+            assert dt in msg and "floating-point" in msg
+        assert "sparse float32" in r[f"{m}.unsupported_sparse"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_shape_numel_dtype_differing_between_ranks_raise(bad_input, m):
+    for r in bad_input.values():
+        assert f"'{m}.shaped' differs between ranks (rank 0: 3000 elements, shape [100, 30], " \
+               "float32, rank 1: 3000 elements, shape [30, 100], float32)" in r[f"{m}.shape_error"]
+        assert "rank 0: 2000 elements, shape [2000], float32, rank 1: 2100 elements" \
+            in r[f"{m}.numel_error"]
+        assert f"'{m}.typed' differs" in r[f"{m}.dtype_error"]
+        assert "rank 1: 3000 elements, shape [3000], float64" in r[f"{m}.dtype_error"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_a_different_number_of_gradients_raises(bad_input, m):
+    """The last rank froze a layer: its DistributedOptimizer submits one gradient fewer."""
+    for r in bad_input.values():
+        msg = r[f"{m}.count_error"]
+        assert msg and "tensors per rank: rank 0: 6, rank 1: 5" in msg, msg
+        assert f"'{m}.0.weight' is missing on rank(s) [1]" in msg
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_nan_and_inf_raise_naming_tensor_and_rank(bad_input, m):
+    for r in bad_input.values():
+        for kind in ("nan", "inf"):
+            msg = r[f"{m}.{kind}_error"]
+            assert msg and f"NaN or Inf in gradient '{m}.{kind}' on rank 1" in msg, msg
+            assert "on_nonfinite='skip'" in msg
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("m", METHODS)
+def test_sparse_gradients(bad_input, m):
+    """nn.Embedding(sparse=True): without sparse_as_dense Horovod reduces the sparse gradient
+    itself (uncompressed; the result equals compression=none), the dense one is compressed;
+    with sparse_as_dense=True both go through the compressor. Ranks bit-identical."""
+    for r in bad_input.values():
+        assert r[f"{m}.sparse_same"] and r[f"{m}.sparse_identical"]
+        assert r[f"{m}.sparse_dense_compressed"] == [[f"{m}.sp.w"], 2000]
+        assert r[f"{m}.dense_compressed"] == [[f"{m}.spd.emb", f"{m}.spd.w"], 14000]
+        assert r[f"{m}.dense_identical"] and r[f"{m}.dense_finite_moved"] == [True, True]
+
+
+# -- construction: invalid settings raise ValueError naming the argument (no MPI) ---------------
+INVALID = {
+    "Marsit": [("on_nonfinite", "ignore"), ("compensation", "none"), ("min_compress_numel", -1),
+               ("min_compress_numel", 2.5), ("seed", -1), ("seed", "x"), ("seed", 1.5)],
+    "BinSGDM": [("betas", (1.0, 0.9)), ("betas", (0.9, -0.1)), ("betas", (0.9,)),
+                ("eps", 0), ("eps", math.nan), ("uneven", "maybe"), ("ranks_per_node", 0),
+                ("ranks_per_node", 1.5), ("on_nonfinite", "ignore"), ("seed", -2)],
+    "TopK": [("k", 0), ("k", -3), ("k", 2.5), ("ratio", 0), ("ratio", 1.5), ("ratio", math.nan),
+             ("path", "ring"), ("selection", "sort"), ("bidirectional", "yes"),
+             ("min_compress_numel", -1), ("on_nonfinite", "ignore"), ("seed", -1)],
+    "SketchFusion": [("ratio", 0), ("ratio", 1.5), ("rows", 0), ("cols", 0), ("width", 0),
+                     ("exact", "yes"), ("seed", -1), ("min_compress_numel", -1),
+                     ("on_nonfinite", "ignore")],
+}
+
+
+@pytest.mark.parametrize("m, arg, value", [(m, a, v) for m, cases in INVALID.items()
+                                           for a, v in cases])
+def test_invalid_settings_rejected_at_construction(m, arg, value):
+    with pytest.raises(ValueError, match=arg):
+        getattr(hvdcomp, m)(**{arg: value})
+
+
+def test_topk_ratio_and_k_together_and_sketch_smaller_than_k():
+    with pytest.raises(ValueError, match="ratio= or k="):
+        hvdcomp.TopK(ratio=0.1, k=10)
+    with pytest.raises(ValueError, match="raise cols"):  # known once the step's size is known
+        hvdcomp.SketchFusion(0.5, cols=100).shape_for(1000)
