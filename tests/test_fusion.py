@@ -56,7 +56,7 @@ def test_fusion_arguments_are_checked():
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", ["marsit-auto", "topk-auto"])
 def test_auto_fusion_trains_like_uncompressed_with_one_plan(uncompressed, name):
-    lr, momentum = SETTINGS[name.replace("-auto", "")]
+    lr, momentum = SETTINGS[name.replace("-auto", "") + ("-bare" if "topk" in name else "")]
     res = results(run(4, "fusion_train.py", name, 20, lr, momentum, timeout=300))
     assert sorted(res) == [0, 1, 2, 3]
     for r in res.values():
