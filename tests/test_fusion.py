@@ -88,6 +88,9 @@ def test_nan_in_a_late_bucket_raises_everywhere_and_rolls_back():
         assert r["skip_buckets_reduced"] == 5 and r["skipped"] == 1
         assert r["skip_params_unchanged"] and r["skip_memory_unchanged"]
         assert r["skip_then_identical_steps"] == 4 and r["skip_then_finite"]
+        assert r["worker_error"] == "injected failure in the 2.weight bucket"
+        assert r["worker_error_thread"] == ["hvdcomp-fusion"]
+        assert r["worker_error_state_unchanged"]
 
 
 @pytest.mark.timeout(200)

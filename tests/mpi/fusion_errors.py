@@ -5,7 +5,10 @@ worker thread has already reduced, and changed the state of, the buckets before 
   the tensor and rank; memory and step count as before the step.
 - on_nonfinite='skip' (TopK): the whole step returns zeros on every rank (parameters unchanged
   with plain SGD), memory unchanged, and training goes on bit-identical.
+- an exception raised in the worker thread surfaces from opt.step(), state rolled back.
 """
+import threading
+
 import numpy as np
 import torch
 import horovod.torch as hvd
@@ -76,4 +79,27 @@ for step in range(4, 8):
     ok += identical_across_ranks(model)
 out["skip_then_identical_steps"] = ok
 out["skip_then_finite"] = all(torch.isfinite(p).all().item() for p in model.parameters())
+# An exception inside the worker thread (here: injected into Marsit's reduction of the
+# '2.weight' bucket, on every rank) surfaces from opt.step() in the main thread, state rolled back.
+comp = hvdcomp.Marsit(fusion="layerwise")
+model, opt = build(comp)
+run_steps(model, opt, 0, 3)
+before, reduce_bucket, threads = comp.state_dict(), comp._reduce, []
+
+
+def failing(entries, scalars):
+    if any(e.key == "2.weight" for e in entries):
+        threads.append(threading.current_thread().name)
+        raise RuntimeError("injected failure in the 2.weight bucket")
+    return reduce_bucket(entries, scalars)
+
+
+comp._reduce = failing
+try:
+    run_steps(model, opt, 3, 4)
+    out["worker_error"] = None
+except RuntimeError as exc:
+    out["worker_error"] = str(exc)
+out["worker_error_thread"] = threads
+out["worker_error_state_unchanged"] = same_state(before, comp.state_dict())
 report(rank=rank, **out)
