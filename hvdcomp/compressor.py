@@ -342,8 +342,9 @@ class BatchedCompressor:
         plan = self._fusion.plan if self._fusion is not None else None
         return None if plan is None else plan.as_dict()
 
+    @default_instance
     def describe_fusion(self):
-        """One line describing the buckets in use."""
+        """One line describing the buckets in use (on a bare class: its default instance's)."""
         if self._fusion is None:
             return f"{self.method}: fusion='step' (one batch per step)"
         if self._fusion.plan is None:
