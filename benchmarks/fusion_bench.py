@@ -1,87 +1,103 @@
-"""LayerFusion vs layer-wise compression: per-step time of SketchFusion and Marsit on a model with
-many small layers and a few large ones, measured in the same run.
+"""LayerFusion vs layer-wise compression vs one bucket per step, in real training steps.
 
-    mpirun -np 4 --oversubscribe --bind-to none .venv/bin/python benchmarks/fusion_bench.py
+    source scripts/mpi_env.sh
+    timeout 900 mpirun -np 4 --oversubscribe --bind-to none .venv/bin/python \\
+        benchmarks/fusion_bench.py [--steps 5] [--rounds 3]
 
-Per compressor it first fits the cost model ``latency + bytes / bandwidth`` of one compressed
-reduction (encode + ring all-reduce + decode, timed on single buckets of a few sizes), then times
-full steps with three bucketings of the same gradients: layer-wise (one reduction per layer),
-``hvdcomp.fusion.plan_buckets`` (backward time per layer measured on a stand-in matmul), and one
-bucket. The reductions here run on the calling thread, so nothing overlaps with the backward
-pass: the measured gain is the per-message fixed cost fusion removes; the planner's estimate
-(which assumes overlap) is printed next to it. A bucket is reduced through the compressor's
-batch entry point (``_process`` on named NumPy entries), as a ``buckets=`` hook would do.
+A model with many small layers and a few large ones (2 large 256x1024 / 1024x256 linears, two
+64k-element linears, 24 small 64x64 linears: 56 gradient tensors, 0.8 M parameters) is trained
+with the stock ``horovod.torch.DistributedOptimizer`` (SGD) on random data, for each compressor
+(SketchFusion, Marsit, TopK) with three ``fusion=`` settings of the same compressor:
+'layerwise' (one bucket per tensor, reduced as soon as it is ready), 'auto' (LayerFusion: buckets
+planned from the measured backward timing and the compressor's own timed reductions) and 'step'
+(one batch per step at the first decompress: no overlap). Each setting has its own model,
+optimizer and compressor; after warm-up steps (LayerFusion plans after its third step), the
+settings take turns (``--rounds`` rounds of ``--steps`` steps each, so machine load hits all of
+them alike). Printed per setting: the median over rounds of the per-step wall time (slowest
+rank), the number of buckets, and for 'auto' the plan chosen. Times on a loaded or
+oversubscribed machine are indicative only.
 """
+import argparse
 import os
+import statistics
 import sys
 import time
 
-import numpy as np
+import torch
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import hvdcomp  # noqa: E402
-from hvdcomp import fusion  # noqa: E402
-from hvdcomp.compressor import Entry  # noqa: E402
-from hvdcomp.frontends import numpy as np_adapter  # noqa: E402
+import hvdcomp  # noqa: E402  (before horovod: mpi4py owns MPI, see hvdcomp.comm.context)
+import horovod.torch as hvd  # noqa: E402
 
-SIZES = [1 << 20] + [4096] * 30 + [1 << 20] + [4096] * 30 + [1 << 19]  # elements, backward order
-
-
-def reduce_bucket(comp, named):
-    """One flush of ``comp`` over the (name, float32 array) pairs; returns the results."""
-    entries = [Entry(name, a, np_adapter, comp.working_dtype) for name, a in named]
-    comp._process(entries)
-    return [comp._results.pop(e.ticket)[0] for e in entries]
+MODES = ("layerwise", "auto", "step")
+COMPRESSORS = {"SketchFusion": lambda f: hvdcomp.SketchFusion(fusion=f),
+               "Marsit": lambda f: hvdcomp.Marsit(fusion=f),
+               "TopK": lambda f: hvdcomp.TopK(fusion=f)}
+WARMUP = 4
 
 
-def backward_times(sizes):
-    """Seconds of a stand-in backward per layer (a matmul with about the layer's flops / 64)."""
-    out = []
-    for n in sizes:
-        m = max(8, int(np.sqrt(n / 64)))
-        a = np.ones((m, m), np.float32)
-        t0 = time.perf_counter()
-        a @ a
-        out.append(time.perf_counter() - t0)
-    return out
+def make_model():
+    layers = [torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64)]
+    for _ in range(24):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(64, 64)]
+    layers += [torch.nn.ReLU(), torch.nn.Linear(64, 1024), torch.nn.ReLU(),
+               torch.nn.Linear(1024, 256)]
+    return torch.nn.Sequential(*layers)
 
 
-def step_time(comp, grads, buckets, repeat=3):
-    best = float("inf")
-    for _ in range(repeat):
+class Setting:
+    """One model + optimizer + compressor."""
+
+    def __init__(self, comp):
+        torch.manual_seed(0)
+        self.comp, self.model = comp, make_model()
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters(),
+                                            compression=comp)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        gen = torch.Generator().manual_seed(hvd.rank())
+        self.x, self.y = torch.randn(64, 256, generator=gen), torch.randn(64, 256, generator=gen)
+
+    def steps(self, n):
+        """Mean seconds per step over ``n`` steps (the slowest rank's)."""
         MPI.COMM_WORLD.Barrier()
         t0 = time.perf_counter()
-        for lo, hi in buckets:
-            reduce_bucket(comp, [(f"l{i:03d}", grads[i]) for i in range(lo, hi)])
-        best = min(best, MPI.COMM_WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return best
+        for _ in range(n):
+            self.opt.zero_grad()
+            torch.nn.functional.mse_loss(self.model(self.x), self.y).backward()
+            self.opt.step()
+        return MPI.COMM_WORLD.allreduce((time.perf_counter() - t0) / n, op=MPI.MAX)
 
 
 def main():
-    rank = MPI.COMM_WORLD.Get_rank()
-    rng = np.random.default_rng(rank)
-    grads = [rng.standard_normal(n).astype(np.float32) for n in SIZES]
-    nbytes = [4 * n for n in SIZES]
-    bwd = backward_times(SIZES)
-    bwd = list(np.max(MPI.COMM_WORLD.allgather(bwd), axis=0))
-    for name, make in (("SketchFusion", lambda: hvdcomp.SketchFusion(min_compress_numel=0)),
-                       ("Marsit", lambda: hvdcomp.Marsit(min_compress_numel=0))):
-        comp = make()
-        probe = [1 << 12, 1 << 16, 1 << 19, 1 << 21]
-        secs = [step_time(make(), [np.ones(n, np.float32)], [(0, 1)]) for n in probe]
-        lat, bw = fusion.fit_cost_model([4 * n for n in probe], secs)
-        plan = fusion.plan_buckets(nbytes, bwd, latency=lat, bandwidth=bw)
-        rows = [("layer-wise", fusion.layerwise(len(SIZES))), ("LayerFusion", plan.buckets),
-                ("one bucket", [(0, len(SIZES))])]
-        for label, buckets in rows:
-            comp = make()  # fresh state per bucketing
-            t = step_time(comp, grads, buckets)
-            est = fusion.estimate(buckets, nbytes, bwd, lat, bw)
-            if rank == 0:
-                print(f"{name:12s} {label:12s} buckets {len(buckets):3d}  measured {t * 1e3:8.2f} "
-                      f"ms/step  model {est * 1e3:8.2f} ms (latency {lat * 1e3:.2f} ms, "
-                      f"{bw / 1e6:.0f} MB/s)", flush=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compressors", default=",".join(COMPRESSORS))
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    say = print if hvd.rank() == 0 else (lambda *a, **k: None)
+    n_params = sum(p.numel() for p in make_model().parameters())
+    say(f"{hvd.size()} ranks, model: {len(list(make_model().parameters()))} tensors, "
+        f"{n_params / 1e6:.2f} M parameters; {args.rounds} rounds x {args.steps} steps per setting")
+    for name in args.compressors.split(","):
+        settings = {m: Setting(COMPRESSORS[name](m)) for m in MODES}
+        for s in settings.values():
+            s.steps(WARMUP)
+        times = {m: [] for m in MODES}
+        for _ in range(args.rounds):
+            for m, s in settings.items():
+                times[m].append(s.steps(args.steps))
+        for m, s in settings.items():
+            plan = s.comp.fusion_plan
+            buckets = len(plan["buckets"]) if plan else 1
+            say(f"{name:12s} fusion={m:9s} {statistics.median(times[m]) * 1e3:8.1f} ms/step "
+                f"(rounds: {', '.join(f'{t * 1e3:.1f}' for t in times[m])})  buckets {buckets:3d}")
+        say(f"{name:12s} plan: {settings['auto'].comp.describe_fusion()}")
+        say(f"{name:12s} buckets (tensors each): "
+            f"{[len(b) for b in settings['auto'].comp.fusion_plan['buckets']]}", flush=True)
 
 
 if __name__ == "__main__":

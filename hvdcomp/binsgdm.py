@@ -58,14 +58,16 @@ class BinSGDM(BatchedCompressor):
             ``HVDCOMP_RANKS_PER_NODE`` environment variable, else MPI's shared-memory nodes).
         uneven: nodes with different numbers of ranks: 'flat' (default; fall back to one rank
             per node, with a warning) or 'error'.
+        fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
     """
 
     method = "BinSGDM"
     n_scalars = 0
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, on_nonfinite="raise", seed=0,
-                 ranks_per_node=None, uneven="flat"):
-        super().__init__(min_compress_numel=0, on_nonfinite=on_nonfinite, seed=seed)
+                 ranks_per_node=None, uneven="flat", fusion=None, fusion_cost=None):
+        super().__init__(min_compress_numel=0, on_nonfinite=on_nonfinite, seed=seed,
+                         fusion=fusion, fusion_cost=fusion_cost)
         try:
             b1, b2 = (float(b) for b in betas)
         except (TypeError, ValueError):

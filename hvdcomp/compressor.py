@@ -20,18 +20,28 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
 5. ``decompress`` returns the mean over ranks, multiplied by the Horovod placeholder's reduced
    value (1 for ``op=Average``, size for ``op=Sum``), shaped and typed like the gradient.
 
+LayerFusion (``fusion='auto'``, see ``hvdcomp.bucketing``): instead of one batch at the first
+decompress, the step's gradients are reduced in buckets chosen from measured backward timing and
+message cost, by a background thread as soon as a bucket's gradients are all compressed (so
+communication overlaps the backward pass); each bucket goes through steps 3-5 above, the rest of
+the step is one final batch at the first decompress, and errors keep whole-step semantics (the
+state is rolled back and the error raised on every rank). ``fusion='step'`` is the one-batch
+flow above. ``fusion_plan``/``describe_fusion()`` show the buckets in use.
+
 Instances hold per-tensor state (``_memory``, keyed by name) and are checkpointable with
 ``state_dict()``/``load_state_dict()``. The class itself can be passed as ``compression=``:
 its methods then act on one default instance per class (``Cls.default()``).
 """
 import hashlib
 import numbers
+import os
 import threading
 import time
 import weakref
 
 import numpy as np
 
+from hvdcomp import bucketing
 from hvdcomp.backend import xp
 from hvdcomp.comm import get_context, ring_allreduce
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
@@ -41,6 +51,8 @@ from hvdcomp.stats import StepStats
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
+# The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
+DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
 
 class default_instance:
@@ -112,6 +124,12 @@ class BatchedCompressor:
     ``_reduce(entries, scalars) -> list of flat arrays`` (``scalars``: shape
     (size, len(entries), n_scalars), every rank's), returning the mean over ranks per entry, on
     the entry's device, and updating the method's state.
+
+    Common args: ``min_compress_numel``, ``on_nonfinite`` ('raise'/'skip'), ``seed``;
+    ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or
+    'layerwise' (one bucket per tensor, for comparisons); default ``DEFAULT_FUSION``;
+    ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of one bucket's reduction for 'auto'
+    (default: measured from the compressor's own timed reductions).
     """
 
     method = "base"
@@ -119,7 +137,7 @@ class BatchedCompressor:
     working_dtype = "float32"
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0):
+                 seed=0, fusion=None, fusion_cost=None):
         if not _is_count(min_compress_numel):
             raise ValueError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
         if not _is_count(seed):
@@ -139,6 +157,12 @@ class BatchedCompressor:
         self._phases = {}
         self.last_stats = None
         self.total_stats = StepStats()
+        mode = DEFAULT_FUSION if fusion is None else fusion
+        if mode not in bucketing.MODES:
+            raise ValueError(f"fusion must be one of {bucketing.MODES}, got {mode!r}")
+        if mode != "auto" and fusion_cost is not None:
+            raise ValueError(f"fusion_cost applies to fusion='auto' only (fusion={mode!r})")
+        self._fusion = None if mode == "step" else bucketing.Scheduler(self, mode, fusion_cost)
 
     # -- class used bare: one default instance per class -------------------------------------
     @classmethod
@@ -173,6 +197,8 @@ class BatchedCompressor:
                     f"compression=hvdcomp.{type(self).__name__}().")
             entry = Entry(key, tensor, adapter, self.working_dtype)
             self._pending.append(entry)
+            if self._fusion is not None:
+                self._fusion.arrived(entry)
         return adapter.placeholder(tensor), entry.ticket
 
     def _check_owner(self, key, owner):
@@ -200,10 +226,10 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            if ctx not in self._results:
-                if not any(e.ticket is ctx for e in self._pending):
-                    raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
+            if any(e.ticket is ctx for e in self._pending):
                 self._flush()
+            elif ctx not in self._results:
+                raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
             flat, entry = self._results.pop(ctx)
         factor = self._reduction_factor(entry.adapter.scalar(output), entry.key)
         if factor != 1:
@@ -220,6 +246,8 @@ class BatchedCompressor:
         local = {"method": self.method, "format": 1, "rank": ctx.rank, "size": ctx.size,
                  "step": self._step, "seed": self.seed, "skipped": self._skipped,
                  "memory": {k: self._state_to_host(v) for k, v in sorted(self._memory.items())}}
+        if self._fusion is not None:
+            local["fusion"] = self._fusion.state()
         if not all_ranks:
             return local
         return {"method": self.method, "format": 1, "size": ctx.size,
@@ -246,6 +274,8 @@ class BatchedCompressor:
             self._step, self.seed = int(state["step"]), int(state["seed"])
             self._skipped = int(state.get("skipped", 0))
             self._memory = {k: self._state_from_host(v) for k, v in state["memory"].items()}
+            if self._fusion is not None:
+                self._fusion.load(state.get("fusion"))
 
     @staticmethod
     def _state_to_host(value):
@@ -316,13 +346,51 @@ class BatchedCompressor:
         out = xp.to_host(flat) * factor if factor != 1 else xp.to_host(flat)
         return np.asarray(out, dtype=array.dtype).reshape(array.shape)
 
-    def _flush(self):
-        entries = sorted(self._pending, key=lambda e: e.key)
-        self._pending = []
-        self._process(entries)
+    # -- LayerFusion ---------------------------------------------------------------------------
+    @property
+    def fusion_plan(self):
+        """The LayerFusion plan in use (dict: 'buckets' (lists of tensor names, in processing
+        order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or
+        ``fusion='step'``)."""
+        plan = self._fusion.plan if self._fusion is not None else None
+        return None if plan is None else plan.as_dict()
 
-    def _process(self, entries):
-        """Reduce ``entries`` (sorted identically on every rank) and store their results."""
+    @default_instance
+    def describe_fusion(self):
+        """One line describing the buckets in use (on a bare class: its default instance's)."""
+        if self._fusion is None:
+            return f"{self.method}: fusion='step' (one batch per step)"
+        if self._fusion.plan is None:
+            return f"{self.method}: fusion='{self._fusion.mode}', no plan yet (first step: one batch)"
+        return f"{self.method}: {self._fusion.plan.describe()}"
+
+    def _flush(self):
+        entries, self._pending = self._pending, []
+        if self._fusion is not None:
+            self._fusion.finish_step(entries)
+            return
+        self._process(sorted(entries, key=lambda e: e.key))
+
+    def _end_step(self, batch_stats):
+        """End a step reduced in several batches: one step count, one ``last_stats``."""
+        self._step += 1
+        step = StepStats(steps=1, step=self._step, ranks=self._context().size)
+        for s in batch_stats:
+            step.add(s)
+        step.steps, step.step = 1, self._step
+        self.last_stats = step
+        self.total_stats.add(step)
+
+    def _zeros_for(self, e):
+        """Zeros shaped like ``e``'s result (for a skipped step)."""
+        done = self._results.get(e.ticket)
+        like = done[0] if done is not None else e.work
+        return xp.zeros_like(like) if like is not None else None
+
+    def _process(self, entries, end_step=True):
+        """Reduce ``entries`` (sorted identically on every rank) and store their results. With
+        ``end_step=False`` (one bucket of a step) the step is not counted and a batch to skip
+        raises ``bucketing.SkipStep``; returns the batch's ``StepStats``."""
         ctx = self._context()
         before = ctx.stats.snapshot()
         self._phases = {}
@@ -340,6 +408,8 @@ class BatchedCompressor:
         gathered = ctx.allgather_array(local)
         statuses = gathered[:, :len(entries)].astype(np.int64)
         if self._bad_batch(ctx, entries, statuses):
+            if not end_step:
+                raise bucketing.SkipStep()
             outputs = [xp.zeros_like(e.work) if e.work is not None else None for e in entries]
             self._skipped += 1
         else:
@@ -350,13 +420,16 @@ class BatchedCompressor:
         for e, out in zip(entries, outputs):
             self._results[e.ticket] = (out, e)
             e.work = e.scratch = None
-        self._step += 1
         moved = ctx.stats.since(before)
-        self.last_stats = StepStats.of_step(
-            step=self._step, ranks=ctx.size, elements=sum(e.numel for e in entries),
+        stats = StepStats.of_step(
+            step=self._step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
             bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self._phases)
-        self.total_stats.add(self.last_stats)
+        if end_step:
+            self._step += 1
+            self.last_stats = stats
+            self.total_stats.add(stats)
+        return stats
 
     def _check_agreement(self, ctx, entries):
         header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)

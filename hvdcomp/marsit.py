@@ -28,15 +28,17 @@ class Marsit(BatchedCompressor):
             the step applied by every rank) or 'local' (EF-signSGD style: ``e = p - s * sign(p)``
             with this rank's own scale s, the error of its own message only; the merge noise is
             then left uncompensated but zero-mean). See README for measured accuracy of both.
+        fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor (see
+            ``hvdcomp.compressor``).
     """
 
     method = "Marsit"
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0, compensation="global"):
+                 seed=0, compensation="global", fusion=None, fusion_cost=None):
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
         if compensation not in ("global", "local"):
             raise ValueError(f"compensation must be 'global' or 'local', got {compensation!r}")
         self.compensation = compensation

@@ -43,7 +43,7 @@ class SketchFusion(BatchedCompressor):
         exact: True (default): a second all-reduce sums the exact values at the k positions;
             False: apply the sketch's estimates (one round).
         seed: seed of the hashes (identical on every rank), >= 0.
-        min_compress_numel, on_nonfinite: as for every hvdcomp compressor.
+        min_compress_numel, on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor.
     Invalid settings raise ValueError here, at construction.
     """
 
@@ -51,7 +51,8 @@ class SketchFusion(BatchedCompressor):
     n_scalars = 0
 
     def __init__(self, ratio=0.01, *, rows=5, cols=None, width=10, exact=True, seed=0,
-                 min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise"):
+                 min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
+                 fusion=None, fusion_cost=None):
         if not (isinstance(ratio, numbers.Real) and not isinstance(ratio, bool)
                 and 0.0 < float(ratio) <= 1.0):
             raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
@@ -67,7 +68,7 @@ class SketchFusion(BatchedCompressor):
         if not _is_int(seed) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
         self.ratio, self.rows, self.cols, self.width = float(ratio), int(rows), cols, int(width)
         self.exact = exact
 

@@ -101,6 +101,7 @@ class TopK(BatchedCompressor):
         min_compress_numel: tensors with fewer elements (biases, norms) are summed uncompressed.
         on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
         seed: seed of the selection's samples (with the step and tensor: reproducible runs).
+        fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
     """
 
     method = "TopK"
@@ -108,9 +109,9 @@ class TopK(BatchedCompressor):
 
     def __init__(self, ratio=None, *, k=None, bidirectional=True, path="tree",
                  selection="approx", min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
-                 on_nonfinite="raise", seed=0):
+                 on_nonfinite="raise", seed=0, fusion=None, fusion_cost=None):
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
         if ratio is not None and k is not None:
             raise ValueError("TopK takes ratio= or k=, not both")
         if k is not None:

@@ -63,6 +63,10 @@ class CommContext:
         """Gather a picklable object from every rank (for error reports, not for hot paths)."""
         return self.comm.allgather(obj)
 
+    def bcast_object(self, obj, root=0):
+        """``obj`` from rank ``root`` on every rank (picklable; for rare control messages)."""
+        return self.comm.bcast(obj, root=root)
+
     def split(self, color, key):
         """A sub-context over the ranks with the same ``color``, ordered by ``key``; it shares
         this context's byte counters."""

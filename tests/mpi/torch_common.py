@@ -44,6 +44,8 @@ def compression_for(name):
             "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),
             "binsgdm": lambda: hvdcomp.BinSGDM(seed=3),
             "topk": lambda: hvdcomp.TopK(ratio=0.01, seed=3),
+            "marsit-auto": lambda: hvdcomp.Marsit(seed=5, fusion="auto"),
+            "topk-auto": lambda: hvdcomp.TopK(fusion="auto"),  # as topk-bare, with LayerFusion
             "topk-bare": lambda: hvdcomp.TopK,
             "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
             "topk-uni": lambda: hvdcomp.TopK(bidirectional=False),

@@ -1,0 +1,30 @@
+"""Rank script: LayerFusion (``fusion='auto'``) through the stock hvd.DistributedOptimizer (SGD)
+on the digits MLP: bit-identical ranks after every step, the plan after each of the first steps
+(rule and buckets, to compare across ranks), and the final accuracy. Args: compression epochs lr
+momentum (names from torch_common.compression_for, e.g. 'marsit-auto')."""
+import sys
+
+import torch
+import horovod.torch as hvd
+
+from report import report
+from torch_common import build, compression_for, evaluate, load_digits_split, train
+
+name, epochs, lr, momentum = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+hvd.init()
+(xtr, ytr), (xte, yte) = load_digits_split(0)
+shard = torch.arange(hvd.rank(), len(xtr), hvd.size())
+xtr, ytr = xtr[shard], ytr[shard]
+comp = compression_for(name)
+model, opt = build(comp, lr, momentum)
+steps = epochs * (len(xtr) // 32)
+plans, identical = [], 0
+for step in range(4):  # the plan as it evolves over the first steps
+    identical += train(model, opt, xtr, ytr, step, step + 1)
+    plans.append(comp.fusion_plan)
+identical += train(model, opt, xtr, ytr, 4, steps)
+acc, loss = evaluate(model, xte, yte)
+report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
+       plans=plans, plan=comp.fusion_plan, describe=comp.describe_fusion(),
+       step=comp.state_dict()["step"], stats=comp.total_stats.as_dict(),
+       memory_keys=sorted(comp.state_dict()["memory"]))
