@@ -7,8 +7,8 @@ rate, after ``allreduce_bench.py``); any MPI launch works too:
 
 The model is a real architecture's parameter list: ``torch.nn.TransformerEncoder`` (``--layers``
 layers, d_model 512, 8 heads, feed-forward 2048) under a 5000-token embedding and output layer,
-4 layers: 17.7M parameters in 51 tensors of very different sizes (biases and norms of
-512 elements, matrices of 0.26M to 2.6M). Per rank, a batch of 4 random sequences of 32 tokens: little
+4 layers: 17.7M parameters in 51 tensors of very different sizes (biases and norms of 512
+elements, matrices of 0.26M to 2.6M). Per rank, a batch of 4 random sequences of 32 tokens: little
 compute per parameter, so the step is dominated by the gradient all-reduce, as in large-model
 data parallelism on slow links.
 

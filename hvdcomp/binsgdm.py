@@ -107,11 +107,11 @@ class BinSGDM(BatchedCompressor):
             like = entries[0].scratch[0]
             u = xp.concat([alg.direction(m, v, self.eps) for m, v in (e.scratch for e in entries)],
                           like=like)
-            votes = xp.to_host(alg.binarise(u, (seed, step, ctx.rank, alg.VOTE)))
+            votes = xp.to_host(alg.binarise(u, self._keyed((seed, step, ctx.rank, alg.VOTE))))
             votes = votes.astype(small_int_dtype(hier.local_size), copy=False)
 
         def encode(node_sum, shard):
-            key = (seed, step, ctx.rank, alg.REBINARISE)
+            key = self._keyed((seed, step, ctx.rank, alg.REBINARISE))
             return pack_signs(alg.rebinarise(node_sum, shard.node_size, key))
 
         def combine(messages, shard):

@@ -243,6 +243,7 @@ class Scheduler:
                 self._timed(rest)
         except SkipStep:
             comp._memory, comp._skipped = snapshot[0], snapshot[1] + 1
+            comp._batch = 0
             for e in pending:
                 comp._results[e.ticket] = (comp._zeros_for(e), e)
                 e.work = e.scratch = None
@@ -250,6 +251,7 @@ class Scheduler:
             return
         except BaseException:
             comp._memory, comp._skipped = snapshot
+            comp._batch = 0
             for e in pending:
                 comp._results.pop(e.ticket, None)
                 e.work = e.scratch = None

@@ -151,6 +151,7 @@ class BatchedCompressor:
         self._results = {}
         self._memory = {}
         self._step = 0
+        self._batch = 0  # index of the next batch within the step (LayerFusion buckets)
         self._skipped = 0
         self._owners = {}  # key -> weakref to the parameter whose state is stored under key
         self._lock = threading.Lock()
@@ -371,8 +372,16 @@ class BatchedCompressor:
             return
         self._process(sorted(entries, key=lambda e: e.key))
 
+    def _keyed(self, key):
+        """``key`` (a tuple of ints keying one of the method's random streams, e.g. (seed, step,
+        rank, chunk)) extended by the batch index within the step when it is > 0, so that the
+        LayerFusion buckets of one step draw independent randomness while one-batch steps keep
+        their keys."""
+        return tuple(key) + ((self._batch,) if self._batch else ())
+
     def _end_step(self, batch_stats):
         """End a step reduced in several batches: one step count, one ``last_stats``."""
+        self._batch = 0
         self._step += 1
         step = StepStats(steps=1, step=self._step, ranks=self._context().size)
         for s in batch_stats:
@@ -427,8 +436,11 @@ class BatchedCompressor:
             bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self._phases)
         if end_step:
             self._step += 1
+            self._batch = 0
             self.last_stats = stats
             self.total_stats.add(stats)
+        else:
+            self._batch += 1
         return stats
 
     def _check_agreement(self, ctx, entries):

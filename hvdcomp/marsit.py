@@ -55,7 +55,8 @@ class Marsit(BatchedCompressor):
             packed = np.concatenate([np.ascontiguousarray(xp.to_host(alg.encode(e.scratch[0])))
                                      for e in entries])
         with self._phase("comm"):
-            ring_allreduce(ctx, packed, alg.MarsitMerge(self.seed, self._step, ctx.rank))
+            ring_allreduce(ctx, packed, alg.MarsitMerge(self.seed, self._step, ctx.rank,
+                                                           self._keyed(())))
         out = []
         with self._phase("decode"):
             off = 0

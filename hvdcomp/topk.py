@@ -143,7 +143,8 @@ class TopK(BatchedCompressor):
         ks = [alg.target_count(e.numel, self.ratio, self.k) for e in entries]
         bounds = np.cumsum([0] + [e.numel for e in entries])
         with self._phase("encode"):
-            msgs = [alg.select(e.scratch, k, self.selection, seed=(self.seed, self._step, t))
+            msgs = [alg.select(e.scratch, k, self.selection,
+                               seed=self._keyed((self.seed, self._step, t)))
                     for t, (e, k) in enumerate(zip(entries, ks))]
             idx = np.concatenate([xp.to_host(m[0]) + off for m, off in zip(msgs, bounds)])
             val = np.concatenate([xp.to_host(m[1]) for m in msgs])

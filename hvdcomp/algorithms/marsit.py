@@ -78,14 +78,16 @@ class MarsitMerge:
 
     ``__call__(incoming, own, hops, chunk)``: ``incoming`` aggregates ``hops`` ranks; keep each
     of its bits with probability hops/(hops+1), else take ``own``'s. The mask comes from the
-    counter-based source keyed by (seed, step, rank, chunk), so a rerun with the same key
+    counter-based source keyed by (seed, step, rank, chunk, *extra) (``extra``: e.g. the bucket
+    index within the step), so a rerun with the same key
     (e.g. after a checkpoint restore) makes the same choices.
     """
 
-    def __init__(self, seed, step, rank):
+    def __init__(self, seed, step, rank, extra=()):
         self.seed, self.step, self.rank = int(seed), int(step), int(rank)
+        self.extra = tuple(int(x) for x in extra)
 
     def __call__(self, incoming, own, hops, chunk):
-        mask = bernoulli_mask((self.seed, self.step, self.rank, chunk), incoming.size,
-                              1.0 / (hops + 1))
+        key = (self.seed, self.step, self.rank, chunk) + self.extra
+        mask = bernoulli_mask(key, incoming.size, 1.0 / (hops + 1))
         return merge_bits(incoming, own, mask)

@@ -94,7 +94,7 @@ def _kth_largest(sample, r):
     return float(np.partition(sample, m - r)[m - r])
 
 
-SCAN_BLOCK = 1 << 20  # elements per block of the NumPy threshold scan (measured best of 2**14..2**23)
+SCAN_BLOCK = 1 << 20  # elements per block of the NumPy threshold scan (best of 2**14..2**23)
 
 
 def _above(x, threshold):
