@@ -38,7 +38,7 @@ TASKS = {
                "args": ["--epochs", "40"], "smoke": ["--epochs", "2"], "target": 1.0,
                "unit": "pp"},
     "charlm": {"script": "examples/train_charlm.py", "metric": "val_loss", "higher": False,
-               "args": ["--steps", "300", "--eval-every", "25"],
+               "args": ["--steps", "200", "--eval-every", "20"],
                "smoke": ["--steps", "10", "--eval-every", "5"], "target": 2.0, "unit": "%"},
 }
 

@@ -121,8 +121,8 @@ def bytes_per_step(compression, name, numel, size):
 def parser():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compression", default="marsit", choices=sorted(COMPRESSIONS))
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
