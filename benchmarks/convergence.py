@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ["none", "fp16", "marsit", "binsgdm", "topk", "sketchfusion"]
+METHODS = ["none", "fp16", "marsit", "marsit-local", "binsgdm", "topk", "sketchfusion"]
 # script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
 TASKS = {
     "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,
@@ -263,6 +263,24 @@ def plot(records, rows, out, tasks, methods):
     plt.close(fig)
 
 
+def load_records(dirs, tasks, methods):
+    """The non-sweep runs saved under ``<dir>/raw/`` of earlier outputs (for --from)."""
+    import glob
+    records = []
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "raw", "*.json"))):
+            with open(path) as fh:
+                rec = json.load(fh)
+            s = rec["summary"]
+            if "-lr" in os.path.basename(path) or s["task"] not in tasks \
+                    or s["compression"] not in methods:
+                continue
+            rec.update(task=s["task"], method=s["compression"], seed=s["seed"], scale=None,
+                       wall=rec["wall_s"])
+            records.append(rec)
+    return records
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="digits,charlm")
@@ -275,6 +293,8 @@ def main(argv=None):
     ap.add_argument("--lr-scales", default=None,
                     help="comma-separated multipliers of each method's default lr (a sweep)")
     ap.add_argument("--out", default=None, help="default: results/convergence/<stamp>")
+    ap.add_argument("--from", dest="from_dirs", default=None, metavar="DIR[,DIR]",
+                    help="run nothing: rebuild table and curves from earlier outputs' raw/*.json")
     args = ap.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
     methods = [m for m in args.methods.split(",") if m]
@@ -294,7 +314,10 @@ def main(argv=None):
 
     t0 = time.perf_counter()
     records, launches = [], []
-    for task in tasks:
+    if args.from_dirs:
+        records = load_records(args.from_dirs.split(","), tasks, methods)
+        tasks = [t for t in tasks if any(r["task"] == t for r in records)]
+    for task in tasks if not args.from_dirs else []:
         runs = [(m, seed, scale) for scale in scales for m in methods
                 for seed in range(args.seeds)]
         recs, info = launch(args, task, runs, out)
@@ -306,6 +329,8 @@ def main(argv=None):
     if scales == [None]:
         plot(records, rows, out, tasks, methods)
     ok = [r for r in records if "error" not in r]
+    if not ok:
+        raise SystemExit("no results")
     timing = {"total_s": total, "runs": len(records), "launches": launches,
               "mean_run_s": statistics.fmean([r["wall"] for r in ok] or [math.nan]),
               "mean_train_s": statistics.fmean([r["summary"]["seconds"] for r in ok] or [math.nan]),

@@ -32,6 +32,7 @@ COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
     "marsit": lambda: hvdcomp.Marsit(),
+    "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
     "sketchfusion": lambda: hvdcomp.SketchFusion(),
@@ -41,6 +42,7 @@ COMPRESSIONS = {
 # benchmarks/convergence_tuning.md and used for every seed. BinSGDM is itself the optimizer
 # (momentum + sign votes), so its inner optimizer is plain SGD.
 DEFAULTS = {"none": ("adam", 3e-3), "fp16": ("adam", 3e-3), "marsit": ("adam", 3e-3),
+            "marsit-local": ("adam", 3e-3),
             "binsgdm": ("sgd", 3e-3), "topk": ("adam", 3e-3), "sketchfusion": ("adam", 3e-3)}
 
 
