@@ -41,9 +41,9 @@ COMPRESSIONS = {
 # Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
 # benchmarks/convergence_tuning.md and used for every seed. BinSGDM is itself the optimizer
 # (momentum + sign votes), so its inner optimizer is plain SGD.
-DEFAULTS = {"none": ("adam", 3e-3), "fp16": ("adam", 3e-3), "marsit": ("adam", 3e-3),
-            "marsit-local": ("adam", 3e-3),
-            "binsgdm": ("sgd", 3e-3), "topk": ("adam", 3e-3), "sketchfusion": ("adam", 3e-3)}
+DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
+            "marsit-local": ("adam", 3e-3), "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2),
+            "sketchfusion": ("adam", 9e-3)}
 
 
 def load_text(val_fraction=0.1):
