@@ -5,7 +5,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 from mpirun import ROOT, PYTHON, mpi_env, run
 
@@ -52,6 +51,14 @@ def test_convergence_smoke(tmp_path):
         assert len(rec["summary"]["digests"]) == 4 and rec["summary"]["identical"]
         curve = [p["val_loss"] for p in rec["curve"]]
         assert curve[-1] < curve[0] <= math.log(200), (m, curve)  # 103 symbols: ln 103 ~ 4.6
+
+    # --from rebuilds the same table from the saved runs without launching anything.
+    again = subprocess.run(
+        [PYTHON, os.path.join(ROOT, "benchmarks", "convergence.py"), "--smoke", "--methods",
+         ",".join(METHODS[1:]), "--from", str(out), "--out", str(tmp_path / "again")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-2000:]
+    assert (tmp_path / "again" / "table.md").read_text() == table
 
 
 def test_charlm_example_standalone(tmp_path):
