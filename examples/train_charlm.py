@@ -12,7 +12,7 @@ the curve and the summary as JSON (rank 0).
 
 Data: the documentation topics joined in sorted order; the first 90% is training text (each rank
 draws its own random windows), the last 10% validation (a fixed set of windows, the same on every
-rank). Model: causal transformer, 2 layers, d_model 64, 4 heads, context 64 (~110k parameters).
+rank). Model: causal transformer, 2 layers, d_model 64, 4 heads, context 64 (117k parameters).
 """
 import argparse
 import hashlib
