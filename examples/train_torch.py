@@ -6,10 +6,12 @@ hvdcomp compression. Launch with several ranks, e.g.
 
 The only hvdcomp-specific line is the ``compression=`` argument of hvd.DistributedOptimizer.
 Prints progress, the bytes each rank sent per step and, at the end, test accuracy and whether all
-ranks hold bit-identical weights.
+ranks hold bit-identical weights. ``--json FILE`` writes the per-epoch curve and the summary as JSON
+(rank 0; benchmarks/convergence.py reads it).
 """
 import argparse
 import hashlib
+import json
 import sys
 import time
 
@@ -23,16 +25,19 @@ COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
     "marsit": lambda: hvdcomp.Marsit(),
+    "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
     "sketchfusion": lambda: hvdcomp.SketchFusion(),
 }
 
-# Per-method (learning rate, SGD momentum), chosen once for this task. Sign-based methods take
-# steps of fixed size per element, so they want smaller rates; BinSGDM carries its own momentum,
-# so its inner optimizer is plain SGD.
-DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.02, 0.9),
-            "binsgdm": (0.002, 0.0), "topk": (0.05, 0.9), "sketchfusion": (0.05, 0.9)}
+# Per-method (learning rate, SGD momentum), chosen once for this task by the equal-effort sweep in
+# benchmarks/convergence_tuning.md (40 epochs, 4 ranks) and used for every seed. Sign-based methods
+# take steps of fixed size per element, so they want smaller rates; BinSGDM carries its own
+# momentum, so its inner optimizer is plain SGD.
+DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.04, 0.9),
+            "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0), "topk": (0.1, 0.9),
+            "sketchfusion": (0.05, 0.9)}
 
 
 def load_digits_split(seed=0):
@@ -66,28 +71,42 @@ def weights_digest(model):
     return h.hexdigest()[:16]
 
 
-def main():
+def bytes_per_step(compression, name, numel, size):
+    """(bytes this rank sent per step, 'measured' | 'computed'). hvdcomp methods count their own
+    MPI traffic; Horovod's none/fp16 get the ring all-reduce equivalent 2(P-1)/P * numel * width."""
+    stats = getattr(compression, "total_stats", None)
+    if stats is not None and stats.steps:
+        return stats.bytes_sent / stats.steps, "measured"
+    width = 2 if name == "fp16" else 4
+    return 2 * (size - 1) / size * numel * width, "computed"
+
+
+def parser():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compression", default="marsit", choices=sorted(COMPRESSIONS))
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
     ap.add_argument("--momentum", type=float, default=None, help="default: per method")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--seed", type=int, default=0, help="model init, data order and test split")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="write the curve and summary as JSON here (rank 0)")
+    return ap
 
-    hvd.init()
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    (xtr, ytr), (xte, yte) = load_digits_split(args.seed)
+
+def train(args, method, seed, lr=None, momentum=None, verbose=True):
+    """One training run on the initialised Horovod world; returns {"summary", "curve"} (the
+    same on every rank, except that only rank 0 prints)."""
+    torch.manual_seed(seed)
+    (xtr, ytr), (xte, yte) = load_digits_split(seed)
     shard = torch.arange(hvd.rank(), len(xtr), hvd.size())  # each rank its own slice
     xtr, ytr = xtr[shard], ytr[shard]
 
     model = make_model()
-    compression = COMPRESSIONS[args.compression]()
-    lr, momentum = DEFAULTS[args.compression]
-    lr = args.lr if args.lr is not None else lr
-    momentum = args.momentum if args.momentum is not None else momentum
+    numel = sum(p.numel() for p in model.parameters())
+    compression = COMPRESSIONS[method]()
+    lr = DEFAULTS[method][0] if lr is None else lr
+    momentum = DEFAULTS[method][1] if momentum is None else momentum
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
@@ -96,8 +115,9 @@ def main():
 
     steps_per_epoch = len(xtr) // args.batch_size
     t0 = time.perf_counter()
+    curve = []
     for epoch in range(args.epochs):
-        g = torch.Generator().manual_seed(args.seed * 1000 + epoch * 100 + hvd.rank())
+        g = torch.Generator().manual_seed(seed * 1000 + epoch * 100 + hvd.rank())
         order = torch.randperm(len(xtr), generator=g)
         total = 0.0
         for i in range(steps_per_epoch):
@@ -111,17 +131,41 @@ def main():
             acc = (model(xte).argmax(1) == yte).float().mean().item()
         stats = getattr(compression, "last_stats", None)
         wire = f" | {stats.summary()}" if stats is not None else ""
-        if hvd.rank() == 0:
+        curve.append({"step": (epoch + 1) * steps_per_epoch, "test_acc": acc,
+                      "train_loss": total / steps_per_epoch,
+                      "bytes_per_step": bytes_per_step(compression, method, numel, hvd.size())[0]})
+        if verbose and hvd.rank() == 0:
             say(f"epoch {epoch + 1}/{args.epochs} loss {total / steps_per_epoch:.4f} "
                 f"test acc {acc:.4f}{wire}")
 
+    seconds = time.perf_counter() - t0
     digests = hvd.allgather_object(weights_digest(model))
+    sent, kind = bytes_per_step(compression, method, numel, hvd.size())
+    summary = {"task": "digits", "compression": method, "seed": seed, "ranks": hvd.size(),
+               "steps": args.epochs * steps_per_epoch, "epochs": args.epochs, "optimizer": "sgd",
+               "lr": lr, "momentum": momentum, "batch_size": args.batch_size,
+               "parameters": numel, "metric": "test_acc", "final": acc,
+               "bytes_per_step": sent, "bytes_kind": kind,
+               "fp32_ring_bytes_per_step": 2 * (hvd.size() - 1) / hvd.size() * numel * 4,
+               "seconds": seconds, "digests": digests, "identical": len(set(digests)) == 1}
+    return {"summary": summary, "curve": curve}
+
+
+def main():
+    args = parser().parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    run = train(args, args.compression, args.seed, args.lr, args.momentum)
+    s = run["summary"]
     if hvd.rank() == 0:
-        same = len(set(digests)) == 1
-        say(f"done: {hvd.size()} ranks, {args.epochs * steps_per_epoch} steps in "
-            f"{time.perf_counter() - t0:.1f}s, compression={args.compression}, final test acc "
-            f"{acc:.4f}, weights identical on all ranks: {same}")
-        if not same:
+        say(f"done: {s['ranks']} ranks, {s['steps']} steps in {s['seconds']:.1f}s, "
+            f"compression={s['compression']} (lr {s['lr']:g}, momentum {s['momentum']:g}), "
+            f"final test acc {s['final']:.4f}, {s['bytes_per_step'] / 1e3:.1f} kB/step/rank "
+            f"sent ({s['bytes_kind']}), weights identical on all ranks: {s['identical']}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(run, fh, indent=1)
+        if not s["identical"]:
             raise SystemExit("ranks disagree about the weights")
 
 

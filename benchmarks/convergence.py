@@ -1,0 +1,352 @@
+"""Convergence benchmark: every example x every compressor x several seeds, on real ranks.
+
+    python benchmarks/convergence.py                # full: 2 tasks x 6 methods x 3 seeds, 4 ranks
+    python benchmarks/convergence.py --smoke        # seconds-scale version used by the test suite
+    python benchmarks/convergence.py --lr-scales 0.5,1,2 --seeds 1   # the equal-effort lr sweep
+
+Each task is one ``horovodrun -np N`` launch (under a timeout) of benchmarks/convergence_ranks.py,
+which calls the example's own ``train()`` once per (method, seed): the same code as
+``python examples/<script> --compression M --seed S``, without paying the launch for every run. Tasks: ``digits`` (examples/train_torch.py, test accuracy, higher is better) and
+``charlm`` (examples/train_charlm.py, validation loss in nats/char, lower is better). Writes
+``<out>/{table.md, table.csv, curves.png, summary.json, raw/*.json, logs/*.txt}`` and prints the
+table. Per (task, method): final metric mean and sample standard deviation over seeds, the gap to
+the uncompressed baseline (``none``: percentage points of accuracy, or percent of loss), whether it
+meets the target (1 pp / 2%), bytes sent per step per rank (measured by hvdcomp for its methods,
+computed as the ring all-reduce equivalent for Horovod's none/fp16), and the first evaluated step
+at which the seed-mean curve reaches the baseline's final seed-mean quality.
+
+Hyperparameters are the examples' per-method DEFAULTS (see benchmarks/convergence_tuning.md);
+``--lr-scales`` multiplies each method's default learning rate (a sweep: one row per scale).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ["none", "fp16", "marsit", "marsit-local", "binsgdm", "topk", "sketchfusion"]
+# script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
+TASKS = {
+    "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,
+               "args": ["--epochs", "40"], "smoke": ["--epochs", "2"], "target": 1.0,
+               "unit": "pp", "ylim": (0.85, 1.0)},
+    "charlm": {"script": "examples/train_charlm.py", "metric": "val_loss", "higher": False,
+               "args": ["--steps", "200", "--eval-every", "20"],
+               "smoke": ["--steps", "10", "--eval-every", "5"], "target": 2.0, "unit": "%",
+               "ylim": (1.6, 3.0)},
+}
+
+
+def mpi_env():
+    """scripts/mpi_env.sh's settings, plus the repository on PYTHONPATH."""
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    })
+    return env
+
+
+def launch(args, task, runs, out):
+    """Run ``runs`` ([(method, seed, scale)]) of one task in a single horovodrun launch of
+    benchmarks/convergence_ranks.py; return one record per run (``error`` set if it is missing)."""
+    from convergence_ranks import tag_of
+    spec = TASKS[task]
+    python = sys.executable
+    horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
+    plan = [(m, seed, None if scale is None else default_lr(task, m) * scale)
+            for m, seed, scale in runs]
+    cmd = [horovodrun, "-np", str(args.np), "-H", f"localhost:{args.np}", "--mpi",
+           "--mpi-args=--oversubscribe --bind-to none", python,
+           os.path.join(ROOT, "benchmarks", "convergence_ranks.py"), "--example", spec["script"],
+           "--task", task, "--out", os.path.join(out, "raw"), "--runs", json.dumps(plan), "--",
+           *(spec["smoke"] if args.smoke else spec["args"])]
+    t0 = time.perf_counter()
+    timeout = 120 + args.timeout * len(runs)
+    print(f"{task}: {len(runs)} runs in one launch on {args.np} ranks (timeout {timeout}s)",
+          flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+
+    def pump():  # echo the rank-0 progress lines as they come
+        for line in proc.stdout:
+            lines.append(line)
+            if "<stdout>:[" in line:
+                print("  " + line.split("<stdout>:", 1)[1].rstrip(), flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = "timeout"
+    reader.join(timeout=10)
+    wall = time.perf_counter() - t0
+    text = "".join(lines)
+    with open(os.path.join(out, "logs", f"{task}.txt"), "w") as fh:
+        fh.write(" ".join(cmd) + "\n" + text)
+    if rc != 0:
+        print(f"  {task}: launch FAILED ({rc}) after {wall:.0f}s\n" +
+              "\n".join(text.splitlines()[-20:]), flush=True)
+    records = []
+    for (method, seed, scale), (_, _, lr) in zip(runs, plan):
+        path = os.path.join(out, "raw", tag_of(task, method, seed, lr) + ".json")
+        if not os.path.exists(path):
+            records.append({"task": task, "method": method, "seed": seed, "scale": scale,
+                            "error": f"no result (launch exit {rc})"})
+            continue
+        with open(path) as fh:
+            rec = json.load(fh)
+        rec.update(task=task, method=method, seed=seed, scale=scale, wall=rec["wall_s"])
+        records.append(rec)
+    return records, {"task": task, "runs": len(runs), "wall_s": wall, "rc": rc,
+                     "in_runs_s": sum(r.get("wall", 0.0) for r in records)}
+
+
+_DEFAULTS = {}
+
+
+def default_lr(task, method):
+    """The example's DEFAULTS learning rate for ``method`` (read from the example module)."""
+    if task not in _DEFAULTS:
+        import importlib.util
+        path = os.path.join(ROOT, TASKS[task]["script"])
+        spec = importlib.util.spec_from_file_location(f"_example_{task}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _DEFAULTS[task] = mod.DEFAULTS
+    d = _DEFAULTS[task][method]
+    return d[0] if isinstance(d[0], float) else d[1]
+
+
+def mean_curve(recs, metric):
+    """Seed-mean of the curves (they share one step grid): [(step, value)]."""
+    grids = [[(p["step"], p[metric]) for p in r["curve"]] for r in recs]
+    n = min(len(g) for g in grids)
+    return [(grids[0][i][0], statistics.fmean(g[i][1] for g in grids)) for i in range(n)]
+
+
+def aggregate(records, tasks, methods, scales):
+    """One row per (task, method, scale) with the table's fields."""
+    rows = []
+    for task in tasks:
+        spec = TASKS[task]
+        higher = spec["higher"]
+        for scale in scales:
+            base = [r for r in records if r["task"] == task and r["method"] == "none"
+                    and r["scale"] == scale and "error" not in r]
+            base_final = statistics.fmean(r["summary"]["final"] for r in base) if base else None
+            for method in methods:
+                recs = [r for r in records if r["task"] == task and r["method"] == method
+                        and r["scale"] == scale]
+                ok = [r for r in recs if "error" not in r]
+                row = {"task": task, "method": method, "scale": scale, "seeds": len(recs),
+                       "failed": len(recs) - len(ok), "metric": spec["metric"]}
+                if ok:
+                    finals = [r["summary"]["final"] for r in ok]
+                    s0 = ok[0]["summary"]
+                    row.update(
+                        mean=statistics.fmean(finals),
+                        std=statistics.stdev(finals) if len(finals) > 1 else 0.0,
+                        min=min(finals), max=max(finals),
+                        lr=s0["lr"], optimizer=s0["optimizer"], momentum=s0.get("momentum"),
+                        steps=s0["steps"],
+                        bytes_per_step=statistics.fmean(r["summary"]["bytes_per_step"] for r in ok),
+                        bytes_kind=s0["bytes_kind"],
+                        fp32_ring_bytes=s0["fp32_ring_bytes_per_step"],
+                        identical=all(r["summary"]["identical"] for r in ok),
+                        train_s=statistics.fmean(r["summary"]["seconds"] for r in ok),
+                        wall_s=statistics.fmean(r["wall"] for r in ok))
+                    if base_final is not None:
+                        if higher:
+                            row["gap"] = 100 * (row["mean"] - base_final)  # pp, + is better
+                            row["meets"] = row["gap"] >= -spec["target"]
+                        else:
+                            row["gap"] = 100 * (row["mean"] - base_final) / base_final  # %, + worse
+                            row["meets"] = row["gap"] <= spec["target"]
+                        reach = [st for st, v in mean_curve(ok, spec["metric"])
+                                 if (v >= base_final if higher else v <= base_final)]
+                        row["steps_to_baseline"] = reach[0] if reach else None
+                rows.append(row)
+    return rows
+
+
+def fmt_bytes(b):
+    return f"{b / 1e3:.1f} kB" if b < 1e6 else f"{b / 1e6:.2f} MB"
+
+
+def write_table(rows, out, sweep):
+    cols = ["task", "method", "scale", "optimizer", "lr", "momentum", "steps", "seeds", "failed",
+            "metric", "mean", "std", "min", "max", "gap", "meets", "steps_to_baseline",
+            "bytes_per_step", "bytes_kind", "fp32_ring_bytes", "identical", "train_s", "wall_s"]
+    with open(os.path.join(out, "table.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    lines = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        spec = TASKS[task]
+        what = "test accuracy" if spec["higher"] else "validation loss (nats/char)"
+        gap = "gap vs none (pp)" if spec["higher"] else "gap vs none (% of loss)"
+        lines += [f"**{task}** ({what}; target: within {spec['target']:g} {spec['unit']})", "",
+                  f"| method |{' lr scale |' if sweep else ''} optimizer, lr | final: mean ± std "
+                  f"[min, max] | {gap} | meets | steps to baseline | bytes/step/rank | "
+                  "ranks identical |",
+                  "| --- |" + (" --- |" if sweep else "") + " --- | --- | --- | --- | --- | --- | --- |"]
+        for r in (r for r in rows if r["task"] == task):
+            if "mean" not in r:
+                lines.append(f"| {r['method']} |{' %g |' % r['scale'] if sweep else ''} "
+                             f"all {r['seeds']} runs failed | | | | | | |")
+                continue
+            opt = r["optimizer"] + (f" (momentum {r['momentum']:g})" if r.get("momentum") else "")
+            n = r["seeds"] - r["failed"]
+            final = (f"{r['mean']:.4f} ± {r['std']:.4f} [{r['min']:.4f}, {r['max']:.4f}]"
+                     + (f" ({r['failed']} failed)" if r["failed"] else "")) if n > 1 \
+                else f"{r['mean']:.4f}"
+            g = r.get("gap")
+            gap_s = "" if g is None else (f"{g:+.2f}")
+            meets = "" if g is None else ("yes" if r["meets"] else "**no**")
+            reach = r.get("steps_to_baseline")
+            reach_s = f"{reach} / {r['steps']}" if reach is not None else f"not reached / {r['steps']}"
+            ratio = r["fp32_ring_bytes"] / r["bytes_per_step"] if r["bytes_per_step"] else 0
+            sent = (f"{fmt_bytes(r['bytes_per_step'])} ({r['bytes_kind']}"
+                    + (f", {ratio:.1f}x < fp32" if r["bytes_kind"] == "measured" else "") + ")")
+            lines.append(f"| {r['method']} |{' %g |' % r['scale'] if sweep else ''} {opt} "
+                         f"{r['lr']:g} | {final} | {gap_s} | {meets} | {reach_s} | {sent} | "
+                         f"{'yes' if r['identical'] else '**no**'} |")
+        lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(out, "table.md"), "w") as fh:
+        fh.write(text)
+    return text
+
+
+def plot(records, rows, out, tasks, methods, args_smoke=False):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        spec = TASKS[task]
+        for method in methods:
+            ok = [r for r in records if r["task"] == task and r["method"] == method
+                  and "error" not in r and r["scale"] is None]
+            if not ok:
+                continue
+            for r in ok:  # each seed faintly, the seed mean boldly
+                ax.plot([p["step"] for p in r["curve"]], [p[spec["metric"]] for p in r["curve"]],
+                        alpha=0.2, lw=0.8, color=f"C{METHODS.index(method)}")
+            mc = mean_curve(ok, spec["metric"])
+            ax.plot([s for s, _ in mc], [v for _, v in mc], lw=1.8, label=method,
+                    color=f"C{METHODS.index(method)}")
+        ax.set_title(f"{task}: {spec['metric']} ({len(ok)} seeds, 4 ranks)"
+                     if ok else task)
+        ax.set_xlabel("step")
+        ax.set_ylabel(spec["metric"])
+        if not args_smoke:
+            ax.set_ylim(*spec["ylim"])  # the interesting part (the full curve is in raw/)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "curves.png"), dpi=90)
+    plt.close(fig)
+
+
+def load_records(dirs, tasks, methods):
+    """The non-sweep runs saved under ``<dir>/raw/`` of earlier outputs (for --from)."""
+    import glob
+    records = []
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "raw", "*.json"))):
+            with open(path) as fh:
+                rec = json.load(fh)
+            s = rec["summary"]
+            if "-lr" in os.path.basename(path) or s["task"] not in tasks \
+                    or s["compression"] not in methods:
+                continue
+            rec.update(task=s["task"], method=s["compression"], seed=s["seed"], scale=None,
+                       wall=rec["wall_s"])
+            records.append(rec)
+    return records
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default="digits,charlm")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few steps per run (the test suite's setting; numbers meaningless)")
+    ap.add_argument("--lr-scales", default=None,
+                    help="comma-separated multipliers of each method's default lr (a sweep)")
+    ap.add_argument("--out", default=None, help="default: results/convergence/<stamp>")
+    ap.add_argument("--from", dest="from_dirs", default=None, metavar="DIR[,DIR]",
+                    help="run nothing: rebuild table and curves from earlier outputs' raw/*.json")
+    args = ap.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    methods = [m for m in args.methods.split(",") if m]
+    for t in tasks:
+        if t not in TASKS:
+            ap.error(f"unknown task {t!r} (choose from {sorted(TASKS)})")
+    for m in methods:
+        if m not in METHODS:
+            ap.error(f"unknown method {m!r} (choose from {METHODS})")
+    if "none" not in methods:
+        methods = ["none"] + methods  # the baseline every gap is measured against
+    scales = [float(x) for x in args.lr_scales.split(",")] if args.lr_scales else [None]
+    out = args.out or os.path.join(ROOT, "results", "convergence",
+                                   time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if args.smoke else ""))
+    for sub in ("raw", "logs"):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+
+    t0 = time.perf_counter()
+    records, launches = [], []
+    if args.from_dirs:
+        records = load_records(args.from_dirs.split(","), tasks, methods)
+        tasks = [t for t in tasks if any(r["task"] == t for r in records)]
+    for task in tasks if not args.from_dirs else []:
+        runs = [(m, seed, scale) for scale in scales for m in methods
+                for seed in range(args.seeds)]
+        recs, info = launch(args, task, runs, out)
+        records += recs
+        launches.append(info)
+    total = time.perf_counter() - t0
+    rows = aggregate(records, tasks, methods, scales)
+    text = write_table(rows, out, sweep=scales != [None])
+    if scales == [None]:
+        plot(records, rows, out, tasks, methods, args.smoke)
+    ok = [r for r in records if "error" not in r]
+    if not ok:
+        raise SystemExit("no results")
+    timing = {"total_s": total, "runs": len(records), "launches": launches,
+              "mean_run_s": statistics.fmean([r["wall"] for r in ok] or [math.nan]),
+              "mean_train_s": statistics.fmean([r["summary"]["seconds"] for r in ok] or [math.nan]),
+              "load_average_at_end": os.getloadavg()}
+    with open(os.path.join(out, "summary.json"), "w") as fh:
+        json.dump({"argv": sys.argv, "rows": rows, "timing": timing}, fh, indent=1)
+    print(text)
+    per = ", ".join(f"{x['task']}: {x['runs']} runs, launch {x['wall_s']:.0f}s of which "
+                    f"{x['in_runs_s']:.0f}s in runs" for x in launches)
+    print(f"{len(records)} runs in {total:.0f}s ({per}; load average at end "
+          f"{timing['load_average_at_end'][0]:.1f}); results in {out}")
+    failed = [r for r in records if "error" in r]
+    not_identical = [r for r in records if "summary" in r and not r["summary"]["identical"]]
+    return 1 if failed or not_identical else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

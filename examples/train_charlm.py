@@ -1,0 +1,222 @@
+"""Train a tiny character-level transformer language model on Python's own documentation text
+(``pydoc_data.topics``, which ships with CPython: no download) with Horovod and hvdcomp
+compression. Launch with several ranks, e.g.
+
+    horovodrun -np 4 python examples/train_charlm.py --compression marsit
+    mpirun -np 4 python examples/train_charlm.py --compression none
+
+The only hvdcomp-specific line is the ``compression=`` argument of hvd.DistributedOptimizer.
+Prints progress (validation loss in nats per character, bytes each rank sent per step) and, at
+the end, a summary including whether all ranks hold bit-identical weights. ``--json FILE`` writes
+the curve and the summary as JSON (rank 0).
+
+Data: the documentation topics joined in sorted order; the first 90% is training text (each rank
+draws its own random windows), the last 10% validation (a fixed set of windows, the same on every
+rank). Model: causal transformer, 2 layers, d_model 64, 4 heads, context 64 (117k parameters).
+"""
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import horovod.torch as hvd
+
+import hvdcomp
+
+# Compressors as configured for this task (constructor arguments documented in the README).
+COMPRESSIONS = {
+    "none": lambda: hvd.Compression.none,
+    "fp16": lambda: hvd.Compression.fp16,
+    "marsit": lambda: hvdcomp.Marsit(),
+    "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
+    "binsgdm": lambda: hvdcomp.BinSGDM(),
+    "topk": lambda: hvdcomp.TopK(),
+    "sketchfusion": lambda: hvdcomp.SketchFusion(),
+}
+
+# Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
+# benchmarks/convergence_tuning.md and used for every seed. BinSGDM is itself the optimizer
+# (momentum + sign votes), so its inner optimizer is plain SGD.
+DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
+            "marsit-local": ("adam", 3e-3), "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2),
+            "sketchfusion": ("adam", 9e-3)}
+
+
+def load_text(val_fraction=0.1):
+    """(train ids, validation ids, vocabulary) from pydoc_data's topics, split by position."""
+    from pydoc_data.topics import topics
+    text = "".join(topics[k] for k in sorted(topics))
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+    cut = int(len(ids) * (1 - val_fraction))
+    return ids[:cut], ids[cut:], vocab
+
+
+class Block(torch.nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a 4x MLP."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class CharLM(torch.nn.Module):
+    def __init__(self, vocab_size, d=64, heads=4, layers=2, context=64):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab_size, d)
+        self.pos = torch.nn.Parameter(torch.zeros(context, d))
+        self.blocks = torch.nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab_size)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[:idx.shape[1]]
+        return self.head(self.ln(self.blocks(x)))
+
+
+def windows(ids, starts, context):
+    """Inputs and next-character targets for windows beginning at ``starts``."""
+    rows = torch.stack([ids[s:s + context + 1] for s in starts.tolist()])
+    return rows[:, :-1], rows[:, 1:]
+
+
+def say(msg):
+    """Print one line in a single write, so launcher-tagged output lines never interleave."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
+
+
+def weights_digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def bytes_per_step(compression, name, numel, size):
+    """(bytes this rank sent per step, 'measured' | 'computed'). hvdcomp methods count their own
+    MPI traffic; Horovod's none/fp16 get the ring all-reduce equivalent 2(P-1)/P * numel * width."""
+    stats = getattr(compression, "total_stats", None)
+    if stats is not None and stats.steps:
+        return stats.bytes_sent / stats.steps, "measured"
+    width = 2 if name == "fp16" else 4
+    return 2 * (size - 1) / size * numel * width, "computed"
+
+
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compression", default="marsit", choices=sorted(COMPRESSIONS))
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
+    ap.add_argument("--optimizer", choices=("adam", "sgd"), default=None,
+                    help="default: per method (DEFAULTS)")
+    ap.add_argument("--seed", type=int, default=0, help="model init and data order")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="write the curve and summary as JSON here (rank 0)")
+    return ap
+
+
+def train(args, method, seed, lr=None, optimizer=None, verbose=True):
+    """One training run on the initialised Horovod world; returns {"summary", "curve"} (the
+    same on every rank, except that only rank 0 prints)."""
+    torch.manual_seed(seed)
+    train_ids, val, vocab = load_text()
+    val_starts = torch.linspace(0, len(val) - args.context - 2, 128).long()
+    xval, yval = windows(val, val_starts, args.context)
+
+    model = CharLM(len(vocab), context=args.context)
+    numel = sum(p.numel() for p in model.parameters())
+    compression = COMPRESSIONS[method]()
+    opt_name = optimizer or DEFAULTS[method][0]
+    lr = DEFAULTS[method][1] if lr is None else lr
+    opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
+           else torch.optim.SGD(model.parameters(), lr=lr))
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            out = F.cross_entropy(model(xval).reshape(-1, len(vocab)), yval.reshape(-1)).item()
+        model.train()
+        return out
+
+    gen = torch.Generator().manual_seed(seed * 1000 + hvd.rank())  # each rank its own data
+    curve = [{"step": 0, "val_loss": evaluate(), "train_loss": None}]
+    t0, running = time.perf_counter(), []
+    for step in range(1, args.steps + 1):
+        starts = torch.randint(0, len(train_ids) - args.context - 1, (args.batch_size,),
+                               generator=gen)
+        x, y = windows(train_ids, starts, args.context)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).reshape(-1, len(vocab)), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        running.append(loss.item())
+        if step % args.eval_every == 0 or step == args.steps:
+            sent, kind = bytes_per_step(compression, method, numel, hvd.size())
+            curve.append({"step": step, "val_loss": evaluate(),
+                          "train_loss": sum(running) / len(running), "bytes_per_step": sent})
+            running = []
+            if verbose and hvd.rank() == 0:
+                v = curve[-1]["val_loss"]
+                say(f"step {step}/{args.steps} train loss {curve[-1]['train_loss']:.3f} val loss "
+                    f"{v:.4f} nats/char ({v / math.log(2):.3f} bits) | {sent / 1e3:.1f} "
+                    f"kB/step/rank sent ({kind})")
+
+    seconds = time.perf_counter() - t0
+    digests = hvd.allgather_object(weights_digest(model))
+    sent, kind = bytes_per_step(compression, method, numel, hvd.size())
+    summary = {"task": "charlm", "compression": method, "seed": seed, "ranks": hvd.size(),
+               "steps": args.steps, "optimizer": opt_name, "lr": lr,
+               "batch_size": args.batch_size, "context": args.context, "parameters": numel,
+               "metric": "val_loss", "final": curve[-1]["val_loss"], "bytes_per_step": sent,
+               "bytes_kind": kind,
+               "fp32_ring_bytes_per_step": 2 * (hvd.size() - 1) / hvd.size() * numel * 4,
+               "seconds": seconds, "digests": digests, "identical": len(set(digests)) == 1}
+    return {"summary": summary, "curve": curve}
+
+
+def main():
+    args = parser().parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    run = train(args, args.compression, args.seed, args.lr, args.optimizer)
+    s = run["summary"]
+    if hvd.rank() == 0:
+        say(f"done: {s['ranks']} ranks, {s['steps']} steps in {s['seconds']:.1f}s, "
+            f"compression={s['compression']} ({s['optimizer']} lr {s['lr']:g}), final val loss "
+            f"{s['final']:.4f} nats/char, {s['bytes_per_step'] / 1e3:.1f} kB/step/rank sent "
+            f"({s['bytes_kind']}; fp32 ring {s['fp32_ring_bytes_per_step'] / 1e3:.1f} kB), "
+            f"weights identical on all ranks: {s['identical']}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(run, fh, indent=1)
+        if not s["identical"]:
+            raise SystemExit("ranks disagree about the weights")
+
+
+if __name__ == "__main__":
+    main()
