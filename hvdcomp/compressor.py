@@ -380,7 +380,7 @@ class BatchedCompressor:
         return tuple(key) + ((self._batch,) if self._batch else ())
 
     def _end_step(self, batch_stats):
-        """End a step reduced in several batches: one step count, one ``last_stats``."""
+        """End a step reduced in one or several batches: one step count, one ``last_stats``."""
         self._batch = 0
         self._step += 1
         step = StepStats(steps=1, step=self._step, ranks=self._context().size)
@@ -435,10 +435,7 @@ class BatchedCompressor:
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
             bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self._phases)
         if end_step:
-            self._step += 1
-            self._batch = 0
-            self.last_stats = stats
-            self.total_stats.add(stats)
+            self._end_step([stats])
         else:
             self._batch += 1
         return stats
