@@ -10,14 +10,13 @@ estimate of what the kernel costs). Kernels:
 - Marsit merge, per element (8 per byte): the Bernoulli mask (``bernoulli_mask``) at p = 1/2 (one
   random word per 64 elements) and at p = 1/3 (24 binary digits: 24 words), ``merge_bits`` alone,
   and one hop as Marsit runs it (mask at p = 1/2 + merge);
-- top-k selection of k = n/100 (if ``hvdcomp.backend.topk`` exists): the sampled-threshold
+- top-k selection of k = n/100: the sampled-threshold
   ``topk_approx`` and the exact ``topk_exact``;
-- Count-Sketch (if ``hvdcomp.backend.sketch`` exists), 5 rows x (10 * n/100) columns: ``sketch``
+- Count-Sketch, 5 rows x (10 * n/100) columns: ``sketch``
   of the n-vector, and ``heavy_hitters`` (unsketch + top-k of n/100) of the table.
 """
 import argparse
 import csv
-import importlib
 import os
 import sys
 import time
@@ -25,7 +24,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hvdcomp.backend import bits, masks  # noqa: E402
+from hvdcomp.backend import bits, masks, topk  # noqa: E402
+from hvdcomp.backend import sketch as sk  # noqa: E402
 
 
 def best(fn, repeat):
@@ -68,24 +68,13 @@ def main():
     add("Marsit hop (mask 1/2 + merge)",
         lambda: bits.merge_bits(packed, own, masks.bernoulli_mask((0, 1, 2, 3), nbytes, 0.5)))
 
-    try:
-        topk = importlib.import_module("hvdcomp.backend.topk")
-    except ImportError:
-        topk = None
-    if topk is not None:
-        k = max(1, n // 100)
-        add("topk_approx k=n/100", lambda: topk.topk_approx(x, k), "sampled threshold")
-        add("topk_exact k=n/100", lambda: topk.topk_exact(x, k))
-    try:
-        sk = importlib.import_module("hvdcomp.backend.sketch")
-    except ImportError:
-        sk = None
-    if sk is not None:
-        k = max(1, n // 100)
-        h = sk.hashes(n, 5, 10 * k, seed=0)
-        table = sk.sketch(x, h)
-        add("count sketch 5 x 10k", lambda: sk.sketch(x, h), "hashes cached")
-        add("heavy_hitters (unsketch + top-k)", lambda: sk.heavy_hitters(table, h, k))
+    k = max(1, n // 100)
+    add("topk_approx k=n/100", lambda: topk.topk_approx(x, k), "sampled threshold")
+    add("topk_exact k=n/100", lambda: topk.topk_exact(x, k))
+    h = sk.hashes(n, 5, 10 * k, seed=0)
+    table = sk.sketch(x, h)
+    add("count sketch 5 x 10k", lambda: sk.sketch(x, h), "hashes cached")
+    add("heavy_hitters (unsketch + top-k)", lambda: sk.heavy_hitters(table, h, k))
 
     copy = rows[0]["elements_per_s"]
     print(f"n = {n:,} float32 elements, best of {rep}, single process "

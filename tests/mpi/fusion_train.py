@@ -4,17 +4,16 @@ on the digits MLP: bit-identical ranks after every step, the plan after each of 
 momentum (names from torch_common.compression_for, e.g. 'marsit-auto')."""
 import sys
 
-import torch
 import horovod.torch as hvd
 
 from report import report
-from torch_common import build, compression_for, evaluate, load_digits_split, train
+from torch_common import (build, compression_for, evaluate, load_digits_split, rank_shard,
+                          train)
 
 name, epochs, lr, momentum = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 hvd.init()
 (xtr, ytr), (xte, yte) = load_digits_split(0)
-shard = torch.arange(hvd.rank(), len(xtr), hvd.size())
-xtr, ytr = xtr[shard], ytr[shard]
+xtr, ytr = rank_shard(xtr, ytr)
 comp = compression_for(name)
 model, opt = build(comp, lr, momentum)
 steps = epochs * (len(xtr) // 32)

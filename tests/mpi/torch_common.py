@@ -26,6 +26,13 @@ def identical_across_ranks(model):
     return len(set(MPI.COMM_WORLD.allgather(digest(model)))) == 1
 
 
+def rank_shard(x, y):
+    """This rank's slice of a training set: every hvd.size()-th sample from hvd.rank()."""
+    import horovod.torch as hvd
+    shard = torch.arange(hvd.rank(), len(x), hvd.size())
+    return x[shard], y[shard]
+
+
 def batch(x, y, step, rank, size=32):
     """The batch of ``step`` on ``rank``: fixed by (step, rank), so a resumed run sees the same."""
     g = torch.Generator().manual_seed(10007 * step + rank)

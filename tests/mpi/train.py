@@ -3,18 +3,16 @@ compression (see torch_common.compression_for), checking after every step that a
 bit-identical parameters. Args: compression epochs lr momentum."""
 import sys
 
-import torch
 import horovod.torch as hvd
 
 from report import report
 from torch_common import (build, compression_for, compressor_object, evaluate,
-                          load_digits_split, train)
+                          load_digits_split, rank_shard, train)
 
 name, epochs, lr, momentum = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 hvd.init()
 (xtr, ytr), (xte, yte) = load_digits_split(0)
-shard = torch.arange(hvd.rank(), len(xtr), hvd.size())
-xtr, ytr = xtr[shard], ytr[shard]
+xtr, ytr = rank_shard(xtr, ytr)
 compression = compression_for(name)
 model, opt = build(compression, lr, momentum)
 steps = epochs * (len(xtr) // 32)
