@@ -37,7 +37,10 @@ def test_a_dying_rank_ends_the_job_within_60s(mode):
     assert elapsed < 60 + 15, elapsed  # 60 s bound after start-up (imports take ~10 s)
     if mode == "raise":
         assert "rank failure injected by the test" in proc.stdout
-        assert "MPI_ABORT was invoked on rank 2" in proc.stdout
+        # hvdcomp's own line: Open MPI's "MPI_ABORT was invoked" help text is not reliably
+        # printed (its show_help can fail with "Data unpack would read past end of buffer")
+        assert ("hvdcomp: uncaught RuntimeError on rank 2 of 3; aborting the MPI job"
+                in proc.stdout), proc.stdout[-3000:]
     if mode == "stall":  # Horovod names the tensor and the rank that never submitted it
         assert "Missing ranks" in proc.stdout and "allreduce.4.bias" in proc.stdout
 

@@ -12,8 +12,8 @@ Horovod owns MPI, and its background thread finalises MPI as soon as the first r
 shuts down, cutting off a slower rank's last collectives (seen in tests at the end of a job).
 
 An exception that ends one rank (uncaught in the main thread) aborts the whole MPI job
-(``MPI_Abort``, exit code 1) after its traceback is printed, as ``python -m mpi4py`` does:
-otherwise that rank would wait forever in ``MPI_Finalize`` for ranks that wait in a collective
+(``MPI_Abort``, exit code 1) after its traceback and a line naming the rank are printed, as
+``python -m mpi4py`` does: otherwise that rank would wait forever in ``MPI_Finalize`` for ranks that wait in a collective
 for it (seen: a Horovod stall shutdown on one rank hung the job). Installed at import when MPI
 has more than one rank; ``HVDCOMP_ABORT_ON_EXCEPTION=0`` leaves ``sys.excepthook`` alone.
 """
@@ -112,6 +112,11 @@ def _install_abort_on_uncaught_exception():
     def hook(exc_type, exc, tb):
         previous(exc_type, exc, tb)
         try:
+            world = MPI.COMM_WORLD
+            sys.stderr.write(
+                f"hvdcomp: uncaught {exc_type.__name__} on rank {world.Get_rank()} of "
+                f"{world.Get_size()}; aborting the MPI job (HVDCOMP_ABORT_ON_EXCEPTION=0 "
+                "turns this off)\n")
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
