@@ -32,6 +32,7 @@ COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
     "marsit": lambda: hvdcomp.Marsit(),
+    "marsit-global": lambda: hvdcomp.Marsit(compensation="global"),  # the paper's memory
     "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
@@ -42,8 +43,8 @@ COMPRESSIONS = {
 # benchmarks/convergence_tuning.md and used for every seed. BinSGDM is itself the optimizer
 # (momentum + sign votes), so its inner optimizer is plain SGD.
 DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
-            "marsit-local": ("adam", 3e-3), "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2),
-            "sketchfusion": ("adam", 9e-3)}
+            "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
+            "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3)}
 
 
 def load_text(val_fraction=0.1):

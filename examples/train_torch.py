@@ -25,6 +25,7 @@ COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
     "marsit": lambda: hvdcomp.Marsit(),
+    "marsit-global": lambda: hvdcomp.Marsit(compensation="global"),  # the paper's memory
     "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
@@ -36,8 +37,8 @@ COMPRESSIONS = {
 # take steps of fixed size per element, so they want smaller rates; BinSGDM carries its own
 # momentum, so its inner optimizer is plain SGD.
 DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.04, 0.9),
-            "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0), "topk": (0.1, 0.9),
-            "sketchfusion": (0.05, 0.9)}
+            "marsit-global": (0.04, 0.9), "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0),
+            "topk": (0.1, 0.9), "sketchfusion": (0.05, 0.9)}
 
 
 def load_digits_split(seed=0):

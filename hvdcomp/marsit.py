@@ -1,4 +1,4 @@
-"""``hvdcomp.Marsit``: 1 bit per element on every hop of a ring all-reduce, with global
+"""``hvdcomp.Marsit``: 1 bit per element on every hop of a ring all-reduce, with error
 compensation (algorithm in ``hvdcomp.algorithms.marsit``).
 
 Per flush, the packed sign bits of all large gradients are fused into one byte buffer (each
@@ -24,10 +24,13 @@ class Marsit(BatchedCompressor):
         min_compress_numel: tensors with fewer elements (biases, norms) are summed uncompressed.
         on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
         seed: seed of the merge masks (with the step, rank and chunk: reproducible runs).
-        compensation: 'global' (default, the paper's: ``e = p - delta * b``, the error against
-            the step applied by every rank) or 'local' (EF-signSGD style: ``e = p - s * sign(p)``
-            with this rank's own scale s, the error of its own message only; the merge noise is
-            then left uncompensated but zero-mean). See README for measured accuracy of both.
+        compensation: 'hybrid' (default: 90% of the global error plus 10% of the local one),
+            'global' (the paper's: ``e = p - delta * b``, the error against the step applied by
+            every rank; each rank's memory also keeps its own gradient noise as a random walk,
+            which grows without bound on long runs) or 'local' (EF-signSGD style:
+            ``e = p - s * sign(p)`` with this rank's own scale s; the merge noise is then left
+            uncompensated). Formulas in ``hvdcomp.algorithms.marsit``; measured accuracy of the
+            three in the README.
         fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor (see
             ``hvdcomp.compressor``).
     """
@@ -36,11 +39,12 @@ class Marsit(BatchedCompressor):
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0, compensation="global", fusion=None, fusion_cost=None):
+                 seed=0, compensation="hybrid", fusion=None, fusion_cost=None):
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
                          seed=seed, fusion=fusion, fusion_cost=fusion_cost)
-        if compensation not in ("global", "local"):
-            raise ValueError(f"compensation must be 'global' or 'local', got {compensation!r}")
+        if compensation not in alg.LOCAL_SHARE:
+            raise ValueError("compensation must be one of "
+                             f"{', '.join(map(repr, alg.LOCAL_SHARE))}, got {compensation!r}")
         self.compensation = compensation
 
     def _prepare(self, entries):
@@ -65,11 +69,11 @@ class Marsit(BatchedCompressor):
                 nbytes = packed_nbytes(e.numel)
                 signs = alg.decode(xp.from_host(packed[off:off + nbytes], p), e.numel)
                 delta = alg.global_scale(scalars[:, i, 0])
-                if self.compensation == "local":
-                    memory = alg.local_memory(p, scalars[ctx.rank, i, 0])
-                    step, _ = alg.apply(signs, delta, p)
-                else:
-                    step, memory = alg.apply(signs, delta, p, p_is_scratch)
+                share = alg.LOCAL_SHARE[self.compensation]
+                own = alg.own_message(p, scalars[ctx.rank, i, 0]) if share else None
+                step, memory = alg.apply(signs, delta, p, p_is_scratch)
+                if share:
+                    memory = alg.blend_local(memory, step, own, share)
                 self._memory[e.key] = memory
                 out.append(step)
                 off += nbytes

@@ -82,3 +82,21 @@ def test_marsit_compensation_arithmetic():
     step2, mem2 = alg.apply(signs.copy(), 0.9, p, p_is_scratch=True)  # in place, same numbers
     assert mem2 is p and np.array_equal(mem2, mem) and np.array_equal(step2, step)
     assert alg.global_scale([1.0, 2.0, 4.0]) == pytest.approx(7 / 3)
+
+
+@pytest.mark.parametrize("variant", ["global", "hybrid", "local"])
+def test_marsit_memory_blends_global_and_local_error(variant):
+    """e = p - (1 - a) * step - a * own_scale * sign(p): a = 0 is the global memory, a = 1 the
+    local one, the default 'hybrid' lies in between (0.1 of the way to the local one)."""
+    a = alg.LOCAL_SHARE[variant]
+    assert a == {"global": 0.0, "hybrid": 0.1, "local": 1.0}[variant]
+    p = np.array([0.6, -0.9, -0.1, 2.0, 0.0], dtype=np.float32)
+    signs = alg.decode(alg.encode(p), 5)
+    assert list(signs) == [1, -1, -1, 1, 1]  # sign of 0 is +1, as in the message
+    step = np.array([0.9, 0.9, -0.9, -0.9, 0.9], dtype=np.float32)  # the merged step
+    own = alg.own_message(p, 0.5)
+    assert np.array_equal(own, 0.5 * signs)
+    mem = alg.blend_local(p - step, step, own, a)
+    assert np.allclose(mem, p - (1 - a) * step - a * 0.5 * signs, atol=1e-7)
+    if a == 1.0:
+        assert np.allclose(mem, alg.local_memory(p, 0.5))

@@ -1,5 +1,5 @@
 """Marsit: sign bits merged without bias at every hop of a ring all-reduce, with global
-compensation.
+(or hybrid, the default) compensation.
 
 Per step, on every rank j, for one (fused) gradient vector g of length d:
 
@@ -11,9 +11,17 @@ Per step, on every rank j, for one (fused) gradient vector g of length d:
    uniformly at random, so E[±1 value] = mean over ranks of sign(p_i). The all-gather forwards
    finished chunks unchanged.
 4. ``delta = mean over ranks of ||p_i||_1 / d`` (a scalar per tensor, exchanged as metadata)
-5. the step every rank applies is ``delta * b`` (b: the aggregated ±1 vector), and
-   ``e = p - delta * b``: the error is measured against the step applied globally
-   (global compensation), not against this rank's own message.
+5. the step every rank applies is ``delta * b`` (b: the aggregated ±1 vector), and the new
+   memory is ``e = p - (1 - a) * delta * b - a * s_j * sign(p)`` with ``a`` the local share:
+   - ``a = 0``, 'global' (the paper's): the error against the step applied globally. Each rank's
+     memory then also keeps its own gradient noise: ``e_j - e_i`` is the sum of ``g_j - g_i``
+     over all steps, a random walk that grows without bound (see
+     benchmarks/marsit_compensation_sim.py).
+   - ``a = 1``, 'local' (EF-signSGD): the error of this rank's own message; bounded, but the
+     merge noise is left uncompensated and early progress is slower.
+   - ``a = 0.1``, 'hybrid' (hvdcomp's default): 90% of the global error plus 10% of the local
+     one. The local share pulls each memory back towards the rank's own message, so the spread
+     stays bounded, while most of the merge error is still compensated.
 
 The gradients here are the raw gradients: the learning rate is applied later by the user's
 optimizer, so ``p = g + e`` plays the role of the paper's ``lr * g + e`` for a constant rate.
@@ -22,6 +30,9 @@ import numpy as np
 
 from hvdcomp.backend import bernoulli_mask, merge_bits, pack_signs, unpack_signs
 from hvdcomp.backend.xp import abs_sum
+
+# The local share ``a`` of each compensation variant (module docstring, step 5).
+LOCAL_SHARE = {"global": 0.0, "hybrid": 0.1, "local": 1.0}
 
 
 def compensate(grad, memory):
@@ -67,10 +78,30 @@ def apply(signs, delta, p, p_is_scratch=False):
     return step, p - step
 
 
+def own_message(p, own_scale):
+    """This rank's own 1-bit message as values, ``own_scale * sign(p)`` (sign of 0 is +1, as in
+    the packed message); a fresh array."""
+    own = decode(encode(p), p.shape[0])
+    own *= own_scale
+    return own
+
+
 def local_memory(p, own_scale):
     """The 'local' variant's memory ``e = p - own_scale * sign(p)``: the error of this rank's
-    own 1-bit message (sign of 0 is +1, as in the packed message)."""
-    return p - decode(encode(p), p.shape[0]) * own_scale
+    own 1-bit message."""
+    return p - own_message(p, own_scale)
+
+
+def blend_local(global_memory, step, own, local_share):
+    """The memory with local share ``a``: ``p - (1 - a) * step - a * own``, computed as
+    ``global_memory + a * (step - own)`` from ``global_memory = p - step`` (``apply``'s).
+
+    ``global_memory`` is updated in place and returned; ``own`` (``own_message``'s) is used as
+    scratch."""
+    own -= step
+    own *= local_share
+    global_memory -= own
+    return global_memory
 
 
 class MarsitMerge:
