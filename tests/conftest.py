@@ -9,8 +9,9 @@ from mpirun import results, run  # noqa: E402
 
 # (lr, momentum) per method for the tests' digits runs (20 epochs, 4 ranks), fixed when the tests were
 # written; the examples' DEFAULTS were re-tuned later by the convergence sweep
-# (benchmarks/convergence_tuning.md), e.g. Marsit 0.04 there.
-SETTINGS = {"none": (0.05, 0.9), "marsit": (0.02, 0.9), "topk-bare": (0.05, 0.9),
+# (benchmarks/convergence_tuning.md). Marsit uses the sweep's 0.04: at 0.02 its 20-epoch accuracy
+# over 4 merge seeds was 0.889-0.956, too close to the 5-point tolerance; at 0.04, 0.942-0.969.
+SETTINGS = {"none": (0.05, 0.9), "marsit": (0.04, 0.9), "topk-bare": (0.05, 0.9),
             "topk": (0.05, 0.9), "binsgdm": (0.002, 0.0), "sketchfusion-bare": (0.05, 0.9),
             "sketchfusion-narrow": (0.05, 0.9)}
 EPOCHS = 20
