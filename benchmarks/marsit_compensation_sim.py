@@ -5,7 +5,7 @@ simulation, no MPI.
 
 Softmax regression on scikit-learn's digits, ``--workers`` simulated workers each with its own
 mini-batches. Each step uses hvdcomp's Marsit math (``hvdcomp.algorithms.marsit``: compensate,
-l1 scale, global scale, apply, own_message / blend_local); the ring merge is replaced by its output
+l1 scale, global scale, apply, own_message); the ring merge is replaced by its output
 distribution (every element's aggregated sign is the sign of one worker chosen uniformly at
 random, which is what the multi-hop merge yields). Prints, for 'global', 'hybrid' and 'local'
 compensation and for uncompressed SGD, the test accuracy, and at a few steps the size of the
@@ -54,9 +54,8 @@ def run(mode, xtr, ytr, xte, yte, workers, steps, lr, batch, report_at):
         signs = alg.decode(alg.encode(np.choose(pick, p)), p[0].shape[0])
         share = alg.LOCAL_SHARE[mode]
         for j in range(workers):
-            own = alg.own_message(p[j], scales[j]) if share else None
-            step, mem = alg.apply(signs.copy(), delta, p[j])
-            memory[j] = alg.blend_local(mem, step, own, share) if share else mem
+            local = alg.own_message(p[j], share * scales[j]) if share else None
+            step, memory[j] = alg.apply(signs.copy(), delta, p[j], False, share, local)
         w -= lr * step.reshape(64, 10)
         if t in report_at:
             e = np.array(memory)

@@ -37,6 +37,9 @@ COMPRESSIONS = {
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
     "sketchfusion": lambda: hvdcomp.SketchFusion(),
+    "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
+    "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
+    "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
 }
 
 # Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
@@ -44,7 +47,9 @@ COMPRESSIONS = {
 # (momentum + sign votes), so its inner optimizer is plain SGD.
 DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
             "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
-            "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3)}
+            "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3),
+            "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 9e-3),
+            "sketchfusion-rms": ("adam", 9e-3)}
 
 
 def load_text(val_fraction=0.1):
@@ -129,7 +134,7 @@ def parser():
     ap.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
-    ap.add_argument("--optimizer", choices=("adam", "sgd"), default=None,
+    ap.add_argument("--optimizer", choices=("adam", "sgd", "sgdm"), default=None,
                     help="default: per method (DEFAULTS)")
     ap.add_argument("--seed", type=int, default=0, help="model init and data order")
     ap.add_argument("--json", default=None, metavar="FILE",
@@ -151,7 +156,8 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
     opt_name = optimizer or DEFAULTS[method][0]
     lr = DEFAULTS[method][1] if lr is None else lr
     opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
-           else torch.optim.SGD(model.parameters(), lr=lr))
+           else torch.optim.SGD(model.parameters(), lr=lr,
+                                momentum=0.9 if opt_name == "sgdm" else 0.0))
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -42,6 +42,7 @@ import weakref
 import numpy as np
 
 from hvdcomp import bucketing
+from hvdcomp.algorithms import precondition as rms
 from hvdcomp.backend import xp
 from hvdcomp.comm import get_context, ring_allreduce
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
@@ -51,6 +52,7 @@ from hvdcomp.stats import StepStats
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
+PRECONDITIONERS = (None, "rms")
 # The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
 DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
@@ -77,7 +79,7 @@ class _Ticket:
 class Entry:
     """One gradient of the current batch."""
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
-                 "numel", "status", "scratch")
+                 "numel", "status", "scratch", "rms_state")
 
     def __init__(self, key, tensor, adapter, working_dtype):
         self.key, self.ticket, self.adapter = key, _Ticket(key), adapter
@@ -87,6 +89,7 @@ class Entry:
         self.status = OK if adapter.is_supported(tensor) else UNSUPPORTED
         self.work = adapter.working(tensor, working_dtype) if self.status == OK else None
         self.scratch = None  # method-specific per-step data (e.g. the compensated vector)
+        self.rms_state = None  # precondition='rms': this step's (v, t), stored if the step lands
 
 
 def _is_count(value):
@@ -129,7 +132,11 @@ class BatchedCompressor:
     ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or
     'layerwise' (one bucket per tensor, for comparisons); default ``DEFAULT_FUSION``;
     ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of one bucket's reduction for 'auto'
-    (default: measured from the compressor's own timed reductions).
+    (default: measured from the compressor's own timed reductions);
+    ``precondition``: None (default: the gradients are reduced as they are) or 'rms' (each rank
+    divides its gradients by their own running root mean square per coordinate before
+    compressing, and the result is the mean normalised gradient: Adam's per-coordinate scaling
+    survives the compression; ``hvdcomp.algorithms.precondition``).
     """
 
     method = "base"
@@ -137,7 +144,10 @@ class BatchedCompressor:
     working_dtype = "float32"
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0, fusion=None, fusion_cost=None):
+                 seed=0, fusion=None, fusion_cost=None, precondition=None):
+        if precondition not in PRECONDITIONERS:
+            raise ValueError(f"precondition must be one of {PRECONDITIONERS}, got {precondition!r}")
+        self.precondition = precondition
         if not _is_count(min_compress_numel):
             raise ValueError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
         if not _is_count(seed):
@@ -150,6 +160,7 @@ class BatchedCompressor:
         self._pending = []
         self._results = {}
         self._memory = {}
+        self._scratch = {}  # key -> reusable work buffer (not state: never saved or restored)
         self._step = 0
         self._batch = 0  # index of the next batch within the step (LayerFusion buckets)
         self._skipped = 0
@@ -302,6 +313,17 @@ class BatchedCompressor:
         self._memory[key] = value
         return value
 
+    def scratch_like(self, key, like):
+        """A work buffer with ``like``'s shape, dtype and kind/device, kept for ``key`` across
+        steps so a hot path does not allocate (and page in) a fresh vector every step. Its
+        contents are garbage on entry; it is not state (``state_dict`` leaves it out)."""
+        buf = self._scratch.get(key)
+        if (buf is None or xp.is_torch(buf) != xp.is_torch(like) or buf.shape != like.shape
+                or buf.dtype != like.dtype or getattr(buf, "device", None)
+                != getattr(like, "device", None)):
+            buf = self._scratch[key] = xp.empty_like(like)
+        return buf
+
     @staticmethod
     def _to_kind(value, like):
         if xp.is_torch(like) and not xp.is_torch(value):
@@ -410,6 +432,9 @@ class BatchedCompressor:
         for e in entries:
             if e.status == OK and not xp.all_finite(e.work):
                 e.status = NONFINITE
+        if self.precondition:
+            with self._phase("encode"):
+                self._normalise(e for e in entries if e.status == OK)
         with self._phase("encode"):
             scalars = np.asarray(self._prepare(big) if big else np.zeros((0, self.n_scalars)),
                                  dtype=np.float64).reshape(len(big), self.n_scalars)
@@ -426,9 +451,12 @@ class BatchedCompressor:
             reduced = dict(zip((e.key for e in big), self._reduce(big, all_scalars) if big else []))
             reduced.update(zip((e.key for e in small), self._reduce_dense(ctx, small)))
             outputs = [reduced[e.key] for e in entries]
+            for e in entries:
+                if e.rms_state is not None:
+                    self._memory[self._rms_key(e.key)] = e.rms_state
         for e, out in zip(entries, outputs):
             self._results[e.ticket] = (out, e)
-            e.work = e.scratch = None
+            e.work = e.scratch = e.rms_state = None
         moved = ctx.stats.since(before)
         stats = StepStats.of_step(
             step=self._step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
@@ -439,6 +467,19 @@ class BatchedCompressor:
         else:
             self._batch += 1
         return stats
+
+    @staticmethod
+    def _rms_key(key):
+        """Where precondition='rms' keeps a tensor's (v, t) in the state."""
+        return f"{key}#rms"
+
+    def _normalise(self, entries):
+        """precondition='rms': replace each entry's working gradient by its normalised form
+        (``hvdcomp.algorithms.precondition``); the new (v, t) is kept on the entry and stored
+        only when the step lands (a skipped or rolled-back step leaves the state as it was)."""
+        for e in entries:
+            e.rms_state = rms.second_moment(self.memory_like(self._rms_key(e.key), e.work), e.work)
+            e.work = rms.normalise(e.work, *e.rms_state)
 
     def _check_agreement(self, ctx, entries):
         header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)

@@ -33,15 +33,19 @@ class Marsit(BatchedCompressor):
             three in the README.
         fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor (see
             ``hvdcomp.compressor``).
+        precondition: None (default) or 'rms': divide each rank's gradient by its own running
+            root mean square per coordinate before compressing (the result is then the mean
+            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
     """
 
     method = "Marsit"
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0, compensation="hybrid", fusion=None, fusion_cost=None):
+                 seed=0, compensation="hybrid", fusion=None, fusion_cost=None, precondition=None):
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost,
+                         precondition=precondition)
         if compensation not in alg.LOCAL_SHARE:
             raise ValueError("compensation must be one of "
                              f"{', '.join(map(repr, alg.LOCAL_SHARE))}, got {compensation!r}")
@@ -70,10 +74,9 @@ class Marsit(BatchedCompressor):
                 signs = alg.decode(xp.from_host(packed[off:off + nbytes], p), e.numel)
                 delta = alg.global_scale(scalars[:, i, 0])
                 share = alg.LOCAL_SHARE[self.compensation]
-                own = alg.own_message(p, scalars[ctx.rank, i, 0]) if share else None
-                step, memory = alg.apply(signs, delta, p, p_is_scratch)
-                if share:
-                    memory = alg.blend_local(memory, step, own, share)
+                local = (alg.own_message(p, share * scalars[ctx.rank, i, 0],
+                                         out=self.scratch_like(e.key, p)) if share else None)
+                step, memory = alg.apply(signs, delta, p, p_is_scratch, share, local)
                 self._memory[e.key] = memory
                 out.append(step)
                 off += nbytes

@@ -44,6 +44,9 @@ class SketchFusion(BatchedCompressor):
             False: apply the sketch's estimates (one round).
         seed: seed of the hashes (identical on every rank), >= 0.
         min_compress_numel, on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor.
+        precondition: None (default) or 'rms': divide each rank's gradient by its own running
+            root mean square per coordinate before compressing (the result is then the mean
+            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
     Invalid settings raise ValueError here, at construction.
     """
 
@@ -52,7 +55,7 @@ class SketchFusion(BatchedCompressor):
 
     def __init__(self, ratio=0.01, *, rows=5, cols=None, width=10, exact=True, seed=0,
                  min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 fusion=None, fusion_cost=None):
+                 fusion=None, fusion_cost=None, precondition=None):
         if not (isinstance(ratio, numbers.Real) and not isinstance(ratio, bool)
                 and 0.0 < float(ratio) <= 1.0):
             raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
@@ -68,7 +71,8 @@ class SketchFusion(BatchedCompressor):
         if not _is_int(seed) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost,
+                         precondition=precondition)
         self.ratio, self.rows, self.cols, self.width = float(ratio), int(rows), cols, int(width)
         self.exact = exact
 

@@ -102,6 +102,9 @@ class TopK(BatchedCompressor):
         on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
         seed: seed of the selection's samples (with the step and tensor: reproducible runs).
         fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
+        precondition: None (default) or 'rms': divide each rank's gradient by its own running
+            root mean square per coordinate before compressing (the result is then the mean
+            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
     """
 
     method = "TopK"
@@ -109,9 +112,10 @@ class TopK(BatchedCompressor):
 
     def __init__(self, ratio=None, *, k=None, bidirectional=True, path="tree",
                  selection="approx", min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
-                 on_nonfinite="raise", seed=0, fusion=None, fusion_cost=None):
+                 on_nonfinite="raise", seed=0, fusion=None, fusion_cost=None, precondition=None):
         super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed, fusion=fusion, fusion_cost=fusion_cost)
+                         seed=seed, fusion=fusion, fusion_cost=fusion_cost,
+                         precondition=precondition)
         if ratio is not None and k is not None:
             raise ValueError("TopK takes ratio= or k=, not both")
         if k is not None:

@@ -18,7 +18,7 @@ def test_pack_unpack_roundtrip_numpy_and_torch_agree(n):
     assert packed.dtype == np.uint8 and packed.size == (n + 7) // 8
     tpacked = pack_signs(torch.from_numpy(x))
     assert np.array_equal(tpacked.numpy(), packed)
-    want = np.where(x >= 0, 1.0, -1.0).astype(np.float32)
+    want = np.copysign(1.0, x).astype(np.float32)  # the IEEE sign: -0.0 packs as -1
     assert np.array_equal(unpack_signs(packed, n), want)
     assert np.array_equal(unpack_signs(tpacked, n).numpy(), want)
 
@@ -92,11 +92,21 @@ def test_marsit_memory_blends_global_and_local_error(variant):
     assert a == {"global": 0.0, "hybrid": 0.1, "local": 1.0}[variant]
     p = np.array([0.6, -0.9, -0.1, 2.0, 0.0], dtype=np.float32)
     signs = alg.decode(alg.encode(p), 5)
-    assert list(signs) == [1, -1, -1, 1, 1]  # sign of 0 is +1, as in the message
-    step = np.array([0.9, 0.9, -0.9, -0.9, 0.9], dtype=np.float32)  # the merged step
+    assert list(signs) == [1, -1, -1, 1, 1]  # sign of +0.0 is +1, as in the message
+    merged = np.array([1, 1, -1, -1, 1], dtype=np.float32)  # the merged signs b
     own = alg.own_message(p, 0.5)
     assert np.array_equal(own, 0.5 * signs)
-    mem = alg.blend_local(p - step, step, own, a)
-    assert np.allclose(mem, p - (1 - a) * step - a * 0.5 * signs, atol=1e-7)
+    zeros = np.array([-0.0, 0.0, -1e-30, 1e-30], dtype=np.float32)
+    for kind in (np.asarray, torch.from_numpy):  # the own message is the message sent, +-0 too
+        own_zeros = alg.own_message(kind(zeros), 2.0, out=kind(np.empty(4, dtype=np.float32)))
+        assert np.array_equal(np.asarray(own_zeros), 2.0 * alg.decode(alg.encode(zeros), 4))
+        assert list(np.asarray(own_zeros)) == [-2.0, 2.0, -2.0, 2.0]
+    for p_is_scratch in (False, True):
+        work = p.copy()
+        local = alg.own_message(work, a * 0.5) if a else None
+        step, mem = alg.apply(merged.copy(), 0.9, work, p_is_scratch, a, local)
+        assert np.array_equal(step, np.float32(0.9) * merged)  # exactly +-delta
+        assert (mem is work) == p_is_scratch
+        assert np.allclose(mem, p - (1 - a) * 0.9 * merged - a * 0.5 * signs, atol=1e-7)
     if a == 1.0:
         assert np.allclose(mem, alg.local_memory(p, 0.5))

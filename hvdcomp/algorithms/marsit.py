@@ -28,8 +28,7 @@ optimizer, so ``p = g + e`` plays the role of the paper's ``lr * g + e`` for a c
 """
 import numpy as np
 
-from hvdcomp.backend import bernoulli_mask, merge_bits, pack_signs, unpack_signs
-from hvdcomp.backend.xp import abs_sum
+from hvdcomp.backend import bernoulli_mask, merge_bits, pack_signs, unpack_signs, xp
 
 # The local share ``a`` of each compensation variant (module docstring, step 5).
 LOCAL_SHARE = {"global": 0.0, "hybrid": 0.1, "local": 1.0}
@@ -42,7 +41,7 @@ def compensate(grad, memory):
 
 def l1_scale(p):
     """``||p||_1 / d`` as a Python float (0.0 for an empty vector)."""
-    return abs_sum(p) / p.shape[0] if p.shape[0] else 0.0
+    return xp.abs_sum(p) / p.shape[0] if p.shape[0] else 0.0
 
 
 def global_scale(scales):
@@ -61,47 +60,43 @@ def decode(packed, d, dtype="float32"):
     return unpack_signs(packed, d, dtype)
 
 
-def apply(signs, delta, p, p_is_scratch=False):
-    """``(step, new_memory)``: ``step = delta * signs`` is applied by every rank, and
-    ``e = p - step`` (global compensation).
+def apply(signs, delta, p, p_is_scratch=False, local_share=0.0, local=None):
+    """``(step, new_memory)``: ``step = delta * signs`` is applied by every rank, and the memory is
+    ``e = p - (1 - a) * step - local`` with ``a = local_share`` and ``local = a * s * sign(p)``
+    (``own_message(p, a * s)``, computed by the caller before ``p`` is overwritten; ignored when
+    ``a`` is 0, the global memory ``e = p - step``).
 
     ``signs`` is consumed: the step is computed in its storage (``decode`` returns a fresh
-    array). ``p`` is overwritten with the new memory when ``p_is_scratch`` (the caller owns it,
-    e.g. ``compensate`` allocated it); otherwise the memory is a new array and ``p`` (which may
-    be the user's gradient) is left as it is.
+    array); every element of the step is exactly ``+-delta`` (in ``signs``' dtype). ``p`` is
+    overwritten with the new memory when ``p_is_scratch`` (the caller owns it, e.g.
+    ``compensate`` allocated it); otherwise the memory is a new array and ``p`` (which may be the
+    user's gradient) is left as it is. ``local`` is only read. Three passes over the vector for
+    the global memory, five with a local share.
     """
     step = signs
-    step *= delta
+    step *= (1.0 - local_share) * delta if local_share else delta
     if p_is_scratch:
         p -= step
-        return step, p
-    return step, p - step
+        memory = p
+    else:
+        memory = p - step
+    if local_share:
+        memory -= local
+        xp.set_magnitude(step, delta)  # (1 - a) * delta * b -> delta * b, exactly
+    return step, memory
 
 
-def own_message(p, own_scale):
-    """This rank's own 1-bit message as values, ``own_scale * sign(p)`` (sign of 0 is +1, as in
-    the packed message); a fresh array."""
-    own = decode(encode(p), p.shape[0])
-    own *= own_scale
-    return own
+def own_message(p, own_scale, out=None):
+    """This rank's own 1-bit message as values, ``own_scale * sign(p)`` (the sign of +0.0 and
+    -0.0 is +1, as in the packed message), written into ``out`` (scratch with ``p``'s shape,
+    dtype and kind) or into a fresh array."""
+    return xp.signed_constant(p, own_scale, xp.empty_like(p) if out is None else out)
 
 
 def local_memory(p, own_scale):
     """The 'local' variant's memory ``e = p - own_scale * sign(p)``: the error of this rank's
     own 1-bit message."""
     return p - own_message(p, own_scale)
-
-
-def blend_local(global_memory, step, own, local_share):
-    """The memory with local share ``a``: ``p - (1 - a) * step - a * own``, computed as
-    ``global_memory + a * (step - own)`` from ``global_memory = p - step`` (``apply``'s).
-
-    ``global_memory`` is updated in place and returned; ``own`` (``own_message``'s) is used as
-    scratch."""
-    own -= step
-    own *= local_share
-    global_memory -= own
-    return global_memory
 
 
 class MarsitMerge:

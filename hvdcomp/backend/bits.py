@@ -1,10 +1,11 @@
 """Sign bits packed 8 per byte, and the bit-wise merge used by Marsit.
 
 Bit layout (the same for NumPy and Torch): element ``i`` of a vector is bit ``7 - (i % 8)`` of
-byte ``i // 8`` (most significant bit first, as ``numpy.packbits``). A bit is 1 when the element
-is ``>= 0`` (so +0.0 and -0.0 both give 1, i.e. the sign of zero is +1) and 0 when it is
-negative; NaN gives 0 (callers reject non-finite input before packing). Unused bits of the last
-byte are 0. Any length works, not only multiples of 8.
+byte ``i // 8`` (most significant bit first, as ``numpy.packbits``). A bit is 1 when the element's
+IEEE sign bit is clear (positive numbers and +0.0) and 0 when it is set (negative numbers and
+-0.0), the sign ``copysign`` reads, so ``copysign(s, x)`` rebuilds a rank's own message exactly
+(callers reject NaN before packing). Unused bits of the last byte are 0. Any length works, not
+only multiples of 8.
 """
 import numpy as np
 
@@ -25,17 +26,17 @@ def _on_cpu(x):
 def pack_signs(x):
     """Pack the signs of a 1-D float array ``x`` (length n) into ``ceil(n/8)`` uint8 bytes."""
     if _on_cpu(x):  # NumPy's C kernel, zero-copy both ways
-        return _torch().from_numpy(np.packbits(x.detach().reshape(-1).numpy() >= 0))
+        return _torch().from_numpy(np.packbits(~np.signbit(x.detach().reshape(-1).numpy())))
     if is_torch(x):
         torch = _torch()
         n = x.numel()
-        bits = (x.reshape(-1) >= 0).to(torch.uint8)
+        bits = (~torch.signbit(x.reshape(-1))).to(torch.uint8)
         pad = packed_nbytes(n) * 8 - n
         if pad:
             bits = torch.cat([bits, bits.new_zeros(pad)])
         shifts = torch.as_tensor(_SHIFTS, device=x.device)
         return (bits.reshape(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8)
-    return np.packbits(np.asarray(x).reshape(-1) >= 0)
+    return np.packbits(~np.signbit(np.asarray(x).reshape(-1)))
 
 
 def unpack_signs(packed, n, dtype="float32"):

@@ -1,0 +1,46 @@
+"""'rms' preconditioning: each rank divides its gradient by its own running root mean square,
+per coordinate, before the gradient is compressed.
+
+Why: Adam divides each coordinate by the root of the running mean of its squared gradient. Fed
+a compressed gradient, that second moment measures the compression instead of the gradient: a
+1-bit aggregate has one magnitude per tensor, so Adam's per-coordinate scaling is lost and its
+update becomes a per-tensor-normalised SGD; a sparse aggregate (rare large values) inflates it.
+Normalising *before* compression keeps that scaling: the compressed quantity is already the
+per-coordinate-normalised gradient, whose mean over ranks the optimizer then receives.
+
+Per step t (counted per tensor, from 1), on every rank, for one gradient vector g:
+
+    v_t = beta2 * v_{t-1} + (1 - beta2) * g**2                       (v_0 = 0; this rank's)
+    u_t = g / (sqrt(v_t / (1 - beta2**t)) + eps)                      (Adam's bias correction)
+
+The all-reduce then averages u (compressed, with the method's error feedback in u's units), so
+the result has about unit root mean square per coordinate whatever the gradient's scale: the
+optimizer's learning rate is a per-element step size, as for Adam (which, given u, still adds
+its momentum and a per-tensor normalisation). v never leaves the rank: nothing extra is sent.
+"""
+from hvdcomp.backend import xp
+
+BETA2 = 0.999
+EPS = 1e-8
+
+
+def second_moment(state, g, beta2=BETA2):
+    """``(v, t)`` after this step: the running mean of ``g**2`` (a fresh array like ``g``) and
+    the step count ``t`` (int). ``state`` is the previous ``(v, t)`` or None; it is not
+    modified (so a step that is rolled back leaves it intact)."""
+    if state is None:
+        v = g * g
+        v *= 1.0 - beta2
+        return v, 1
+    v_prev, t = state
+    v = g * g
+    v *= 1.0 - beta2
+    v += beta2 * v_prev
+    return v, int(t) + 1
+
+
+def normalise(g, v, t, beta2=BETA2, eps=EPS):
+    """``u = g / (sqrt(v / (1 - beta2**t)) + eps)``, a fresh array like ``g``."""
+    denom = xp.sqrt(v * (1.0 / (1.0 - beta2 ** t)))
+    denom += eps
+    return g / denom
