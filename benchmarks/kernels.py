@@ -73,7 +73,7 @@ def main():
     add("topk_exact k=n/100", lambda: topk.topk_exact(x, k))
     h = sk.hashes(n, 5, 10 * k, seed=0)
     table = sk.sketch(x, h)
-    add("count sketch 5 x 10k", lambda: sk.sketch(x, h), "hashes cached")
+    add("count sketch 5 x 10k", lambda: sk.sketch(x, h), "5 slice-add passes over x")
     add("heavy_hitters (unsketch + top-k)", lambda: sk.heavy_hitters(table, h, k))
 
     copy = rows[0]["elements_per_s"]

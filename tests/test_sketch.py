@@ -16,11 +16,53 @@ from mpirun import results, run
 def test_hashes_are_a_function_of_seed_and_shape_only():
     a = cs.CountSketchHashes(1000, 3, 50, seed=4)
     b = cs.CountSketchHashes(1000, 5, 50, seed=4)
-    assert np.array_equal(a.buckets, b.buckets[:3]) and np.array_equal(a.signs, b.signs[:3])
-    assert a.buckets.dtype == np.int32 and a.signs.dtype == np.int8 and a.nbytes == 3 * 1000 * 5
-    assert a.buckets.min() >= 0 and a.buckets.max() < 50 and set(np.unique(a.signs)) == {-1, 1}
-    assert not np.array_equal(a.buckets, cs.CountSketchHashes(1000, 3, 50, seed=5).buckets)
+    assert a.chunks == 20 and a.offsets.shape == (3, 20)
+    assert np.array_equal(a.offsets, b.offsets[:3])
+    assert np.array_equal(a.chunk_signs, b.chunk_signs[:3])
+    idx = np.arange(1000)
+    buckets, signs = a.buckets(idx), a.signs(idx)
+    assert buckets.shape == (3, 1000) and buckets.min() >= 0 and buckets.max() < 50
+    assert set(np.unique(signs)) == {-1, 1}
+    for q in range(a.chunks):  # the positions of one chunk never share a bucket
+        assert all(len(set(buckets[j, q * 50:(q + 1) * 50])) == 50 for j in range(3))
+    assert not np.array_equal(a.offsets, cs.CountSketchHashes(1000, 3, 50, seed=5).offsets)
     assert cs.hashes(1000, 3, 50, 4) is cs.hashes(1000, 3, 50, 4)  # cached
+
+
+def test_offset_hashes_collide_like_random_ones():
+    """Two positions of different chunks share a bucket with probability 1/c, and the signs of
+    colliding positions are independent (what the estimates' variance rests on)."""
+    n, c, rows = 20_000, 100, 400
+    h = cs.CountSketchHashes(n, rows, c, seed=11)
+    pairs = np.random.default_rng(0).integers(0, n, size=(2, 2000))
+    pairs = pairs[:, pairs[0] // c != pairs[1] // c]
+    same = h.buckets(pairs[0]) == h.buckets(pairs[1])
+    rate = same.mean()
+    assert abs(rate - 1 / c) < 4 * np.sqrt(1 / c / same.size)
+    agree = (h.signs(pairs[0]) == h.signs(pairs[1]))[same]
+    assert abs(agree.mean() - 0.5) < 4 * np.sqrt(0.25 / agree.size)
+
+
+@pytest.mark.parametrize("n,cols", [(0, 7), (1, 7), (1000, 7), (1000, 1000), (1001, 250), (37, 64)])
+def test_sketch_and_unsketch_follow_the_hash_definition(n, cols):
+    """The slice-wise sketch equals ``table[j, h_j(i)] += s_j(i) * x[i]`` element by element, and
+    the blocked full unsketch equals the per-index one."""
+    rng = np.random.default_rng(n + cols)
+    x = rng.integers(-50, 50, n).astype(np.float32)
+    h = cs.CountSketchHashes(n, 3, cols, seed=1)
+    want = np.zeros((3, cols), np.float64)
+    idx = np.arange(n)
+    for j in range(3):
+        np.add.at(want[j], h.buckets(idx)[j], h.signs(idx)[j] * x.astype(np.float64))
+    table = cs.sketch(x, h)
+    assert np.array_equal(table, want.astype(np.float32))
+    old = cs.BLOCK, cs.TABLE_BLOCK
+    cs.BLOCK, cs.TABLE_BLOCK = 13, 5  # small blocks: runs cut at block edges, same numbers
+    try:
+        assert np.array_equal(cs.sketch(x, h), table)
+        assert np.array_equal(cs.unsketch(table, h), cs.unsketch(table, h, idx))
+    finally:
+        cs.BLOCK, cs.TABLE_BLOCK = old
 
 
 def test_sketch_is_linear_exactly_for_integer_values():

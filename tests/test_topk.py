@@ -107,6 +107,20 @@ def test_exact_selects_k_largest():
         sel.topk_approx(x, x.size + 1)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k", [(200_000, 2000), (100_000, 1), (80_000, 10_000)])
+def test_exact_with_threshold_cut_selects_the_same_magnitudes(kind, n, k):
+    """Large x: the threshold cut before the exact selection keeps exactly k, the same multiset
+    of magnitudes as a full argpartition (ties included), for NumPy and Torch alike."""
+    x = _data(kind, n, 3)
+    want = np.sort(np.abs(x))[-k:]
+    for arr in (x, torch.from_numpy(x)):
+        idx, val = sel.topk_exact(arr, k)
+        idx, val = np.asarray(idx), np.asarray(val)
+        assert idx.size == k and np.all(np.diff(idx) > 0) and np.array_equal(val, x[idx])
+        assert np.array_equal(np.sort(np.abs(val)), want)
+
+
 # -- the merge rule (hvdcomp.algorithms.topk) ---------------------------------------------------
 def _brute(sets, bounds, ks):
     total = {}

@@ -4,40 +4,47 @@ A sketch of a vector ``x`` of length n is an ``r x c`` float32 table. Row j has 
 ``h_j: [0, n) -> [0, c)`` and a sign hash ``s_j: [0, n) -> {-1, +1}``, and
 ``table[j, b] = sum over i with h_j(i) = b of s_j(i) * x[i]``.
 
+- Hash family (offset hashing): position i lies in chunk ``q = i // c`` at offset
+  ``p = i % c``; row j draws one random offset ``o[j, q]`` in [0, c) and one random sign
+  ``sigma[j, q]`` per chunk, and ``h_j(i) = (p + o[j, q]) mod c``, ``s_j(i) = sigma[j, q]``.
+  Two positions of one chunk never share a bucket; two positions of different chunks share one
+  with probability exactly 1/c, with independent signs: the same collision probability, sign
+  independence and estimate variance (``||x||^2 / c`` per row) as fully random hashes. What is
+  gained: every chunk maps onto the table as at most two contiguous slices, so sketching and
+  unsketching are slice additions and copies at memory speed, not scatter/gather by index, and
+  the hashes are ``r * ceil(n / c)`` numbers instead of ``r * n``.
 - Hashes (``CountSketchHashes``) are drawn from ``numpy.random.default_rng([seed, j, n, c])``,
   one stream per row, so they depend only on (seed, n, c, row) and are identical on every rank
-  (and row j is the same whatever r is). They are cached per (seed, n, r, c), least recently
-  used evicted first once the cache holds more than ``CACHE_BYTES`` (the newest always stays),
-  so per-bucket compression with many bucket sizes does not redraw hashes every step.
-- Memory of the cached hashes: 5 bytes per element per row (int32 bucket + int8 sign), e.g.
-  r = 5 rows over n = 25M elements: 625 MB; over 1M: 25 MB. Unsketching works in blocks of
-  ``BLOCK`` elements, so its temporaries are ``r * BLOCK * 4`` bytes beyond the n-element
-  float32 estimate; sketching needs one n-element float64 temporary per row.
+  (and row j is the same whatever r is); ``hashes()`` caches the last ``CACHE_SIZE``.
 - Linear: ``sketch(x + y) == sketch(x) + sketch(y)`` (exactly for integer-valued inputs whose
   bucket sums are exact in float32), so sketches of several ranks are merged by summing tables
-  (``merge``), e.g. with a float ring all-reduce.
+  (``merge``), e.g. with a float ring all-reduce. Tables accumulate in float32, chunk by chunk in
+  a fixed order, so every rank computes the same table from the same input bit for bit.
 - ``unsketch(table)``: the estimate of every x[i], ``median over rows of s_j(i) *
   table[j, h_j(i)]``; ``heavy_hitters(table, k)``: the k positions of largest estimated
   magnitude (ascending int64) and their estimates. Both are deterministic functions of the
-  table, so ranks holding the same table get bit-identical results.
-Indices are int32 (so n < 2**31 and r * c < 2**31).
+  table, so ranks holding the same table get bit-identical results. Unsketching works in blocks
+  of ``BLOCK`` positions (``r * BLOCK * 4`` bytes of temporaries, sized to stay in cache).
 """
 import numpy as np
 
 from hvdcomp.backend.topk import topk_exact
 
-CACHE_BYTES = 1 << 30
-BLOCK = 1 << 20
+CACHE_SIZE = 8
+BLOCK = 1 << 17
+TABLE_BLOCK = 1 << 18
 _cache = {}
 
 
 class CountSketchHashes:
-    """Bucket and sign hashes of an r x c Count-Sketch over n positions.
+    """Bucket and sign hashes of an r x c Count-Sketch over n positions (offset hashing, see the
+    module docstring).
 
     Attributes:
         n, rows, cols, seed: the shape and seed.
-        buckets: int32 array (rows, n), values in [0, cols).
-        signs: int8 array (rows, n), values -1 or +1.
+        chunks: ``ceil(n / cols)``.
+        offsets: int64 array (rows, chunks), values in [0, cols).
+        chunk_signs: int8 array (rows, chunks), values -1 or +1.
     """
 
     def __init__(self, n, rows, cols, seed=0):
@@ -45,19 +52,36 @@ class CountSketchHashes:
         if n < 0 or rows < 1 or cols < 1 or seed < 0:
             raise ValueError(f"Count-Sketch needs n >= 0, rows >= 1, cols >= 1, seed >= 0; got "
                              f"n={n}, rows={rows}, cols={cols}, seed={seed}")
-        if n >= 2 ** 31 or rows * cols >= 2 ** 31:
-            raise ValueError(f"Count-Sketch indices are int32: n={n}, rows*cols={rows * cols}")
         self.n, self.rows, self.cols, self.seed = n, rows, cols, seed
-        self.buckets = np.empty((rows, n), dtype=np.int32)
-        self.signs = np.empty((rows, n), dtype=np.int8)
+        self.chunks = -(-n // cols)
+        self.offsets = np.empty((rows, self.chunks), dtype=np.int64)
+        self.chunk_signs = np.empty((rows, self.chunks), dtype=np.int8)
         for j in range(rows):
             rng = np.random.default_rng([seed, j, n, cols])
-            self.buckets[j] = rng.integers(0, cols, size=n, dtype=np.int32)
-            self.signs[j] = rng.integers(0, 2, size=n, dtype=np.int8) * 2 - 1
+            self.offsets[j] = rng.integers(0, cols, size=self.chunks)
+            self.chunk_signs[j] = rng.integers(0, 2, size=self.chunks, dtype=np.int8) * 2 - 1
 
-    @property
-    def nbytes(self):
-        return self.buckets.nbytes + self.signs.nbytes
+    def buckets(self, index):
+        """``h_j(index)`` for every row: int64 array (rows, len(index))."""
+        index = np.asarray(index, dtype=np.int64)
+        q, p = np.divmod(index, self.cols)
+        return (p + self.offsets[:, q]) % self.cols
+
+    def signs(self, index):
+        """``s_j(index)`` for every row: int8 array (rows, len(index))."""
+        return self.chunk_signs[:, np.asarray(index, dtype=np.int64) // self.cols]
+
+    def slices(self, row, lo, hi):
+        """The positions [lo, hi) as runs ``(start, stop, bucket, sign)``: positions
+        start..stop-1 map to buckets bucket..bucket+(stop-start)-1 of ``row``, with ``sign``."""
+        c = self.cols
+        i = lo
+        while i < hi:
+            q = i // c
+            b = (i - q * c + int(self.offsets[row, q])) % c
+            stop = min(hi, (q + 1) * c, i + (c - b))
+            yield i, stop, b, int(self.chunk_signs[row, q])
+            i = stop
 
 
 def hashes(n, rows, cols, seed=0):
@@ -67,7 +91,7 @@ def hashes(n, rows, cols, seed=0):
     if h is None:
         h = CountSketchHashes(n, rows, cols, seed)
     _cache[key] = h  # most recently used last
-    while len(_cache) > 1 and sum(v.nbytes for v in _cache.values()) > CACHE_BYTES:
+    while len(_cache) > CACHE_SIZE:
         _cache.pop(next(iter(_cache)))
     return h
 
@@ -78,14 +102,28 @@ def _host(x):
 
 def sketch(x, h):
     """The r x c float32 table of the 1-D vector ``x`` (length ``h.n``) under hashes ``h``.
-    Each row is one ``np.bincount`` (summed in float64, rounded once to float32)."""
+
+    Per row, every chunk of ``x`` is added to (or, for sign -1, subtracted from) the table as at
+    most two contiguous slices. The table row is filled ``TABLE_BLOCK`` buckets at a time, taking
+    from every chunk the slice that lands there, so the block being summed stays in cache while
+    ``x`` streams past once per row. The additions into each bucket happen in chunk order, so
+    the result does not depend on the blocking."""
     x = _host(x)
     if x.ndim != 1 or x.shape[0] != h.n:
         raise ValueError(f"sketch of shape {x.shape} with hashes for n={h.n}")
-    table = np.empty((h.rows, h.cols), dtype=np.float32)
+    x = x.astype(np.float32, copy=False)
+    table = np.zeros((h.rows, h.cols), dtype=np.float32)
     for j in range(h.rows):
-        table[j] = np.bincount(h.buckets[j], weights=h.signs[j] * x.astype(np.float64, copy=False),
-                               minlength=h.cols)
+        row = table[j]
+        runs = list(h.slices(j, 0, h.n))  # (lo, hi, bucket, sign), in chunk order
+        for b0 in range(0, h.cols, TABLE_BLOCK):
+            b1 = min(h.cols, b0 + TABLE_BLOCK)
+            for lo, hi, b, sign in runs:
+                s0, s1 = max(b, b0), min(b + hi - lo, b1)
+                if s0 < s1:
+                    dst = row[s0:s1]
+                    src = x[lo + s0 - b:lo + s1 - b]
+                    (np.add if sign > 0 else np.subtract)(dst, src, out=dst)
     return table
 
 
@@ -103,16 +141,20 @@ def unsketch(table, h, index=None):
     table = np.asarray(table, dtype=np.float32).reshape(h.rows, h.cols)
     if index is not None:
         index = np.asarray(index, dtype=np.int64)
-        est = table[np.arange(h.rows)[:, None], h.buckets[:, index]] * h.signs[:, index]
+        est = table[np.arange(h.rows)[:, None], h.buckets(index)] * h.signs(index)
         return median_rows(est).astype(np.float32)
     out = np.empty(h.n, dtype=np.float32)
     est = np.empty((h.rows, min(h.n, BLOCK)), dtype=np.float32)
     for lo in range(0, h.n, BLOCK):
         hi = min(h.n, lo + BLOCK)
         blk = est[:, :hi - lo]
-        for j in range(h.rows):  # one 1-D take per row: ~2x faster than a 2-D fancy index
-            np.take(table[j], h.buckets[j, lo:hi], out=blk[j])
-            blk[j] *= h.signs[j, lo:hi]
+        for j in range(h.rows):
+            for a, z, b, sign in h.slices(j, lo, hi):
+                dst = blk[j, a - lo:z - lo]
+                if sign > 0:
+                    dst[...] = table[j, b:b + z - a]
+                else:
+                    np.negative(table[j, b:b + z - a], out=dst)
         out[lo:hi] = median_rows(blk)
     return out
 
@@ -120,13 +162,38 @@ def unsketch(table, h, index=None):
 NETWORK_MAX_ROWS = 9
 
 
+def _median3(x, y, z, t):
+    """Element-wise median of three rows into ``x`` (``y`` and ``t`` are clobbered):
+    ``max(min(x, y), min(max(x, y), z))``."""
+    np.minimum(x, y, out=t)
+    np.maximum(x, y, out=x)
+    np.minimum(x, z, out=x)
+    np.maximum(x, t, out=x)
+    return x
+
+
 def median_rows(est):
     """The median over axis 0 of an (r, m) float array, like ``np.median(est, axis=0)`` (for
-    even r the mean of the two middle values). For r <= NETWORK_MAX_ROWS it sorts the rows in
-    place with an odd-even transposition network of element-wise min/max (r(r-1)/2
-    compare-exchanges of whole rows: ~15x faster than ``np.median`` for r = 5); ``est`` is
-    overwritten."""
+    even r the mean of the two middle values); ``est`` is overwritten. r = 3 and r = 5 use
+    selection formulas (4 and 10 element-wise min/max passes; median of 5 is
+    ``median3(e, max(min(a, b), min(c, d)), min(max(a, b), max(c, d)))``); other r <=
+    NETWORK_MAX_ROWS sort the rows with an odd-even transposition network of whole-row
+    compare-exchanges (r(r-1)/2 of them); larger r fall back to ``np.median``."""
     r = est.shape[0]
+    if r == 1:
+        return est[0].copy()
+    if r == 3:
+        return _median3(est[0], est[1], est[2], np.empty_like(est[0])).copy()
+    if r == 5:
+        a, b, c, d, e = est
+        t = np.empty_like(a)
+        np.minimum(a, b, out=t)
+        np.maximum(a, b, out=b)        # b = max(a, b)
+        np.minimum(c, d, out=a)        # a = min(c, d)
+        np.maximum(c, d, out=d)        # d = max(c, d)
+        np.maximum(t, a, out=a)        # a = max(min(a, b), min(c, d))
+        np.minimum(b, d, out=b)        # b = min(max(a, b), max(c, d))
+        return _median3(e, a, b, t).copy()
     if r > NETWORK_MAX_ROWS:
         return np.median(est, axis=0)
     tmp = np.empty_like(est[0])

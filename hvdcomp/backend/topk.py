@@ -5,7 +5,7 @@ they return ``(indices, values)``: ``indices`` an int64 array, strictly ascendin
 kind and device as ``x``; ``values = x[indices]``.
 
 - ``topk_exact(x, k)``: exactly k indices of largest ``|x|`` (``np.argpartition`` /
-  ``torch.topk``). Which of several equal magnitudes at the cut is chosen is left to the library
+  ``torch.topk``, over the elements above a sampled threshold when that is safe and cheaper). Which of several equal magnitudes at the cut is chosen is left to the library
   (deterministic for a given input).
 - ``topk_approx(x, k, seed=..., tol=0.5)``: threshold selection. It estimates the magnitude
   threshold for density k/n from a random sample of the elements (0.2% by default, at least enough
@@ -81,8 +81,21 @@ def _exact_indices(mag, k):
 
 @_via_numpy
 def topk_exact(x, k):
-    """Exactly the k largest-magnitude elements: ``(ascending int64 indices, values)``."""
+    """Exactly the k largest-magnitude elements: ``(ascending int64 indices, values)``. For
+    large x and k <= n/8, the candidates are first cut down with one threshold pass (a sampled
+    threshold aimed at about 1.5k elements, below the k-th largest magnitude whenever at least k
+    elements pass it, so the top-k is among them), then selected exactly; if fewer than k pass,
+    the whole of x is selected from."""
     n, k = _check(x, k)
+    if n >= EXACT_BELOW and 8 * k <= n:
+        m = min(n // 2, max(int(0.002 * n), math.ceil(4 * MIN_SAMPLED_ABOVE * n / k)))
+        pos = np.random.default_rng(0).integers(0, n, size=m)
+        if is_torch(x):
+            pos = _torch().from_numpy(pos).to(x.device)
+        r = min(m, math.ceil(1.5 * m * k / n))
+        idx = _above(x, _kth_largest(_magnitude(x[pos]), r))
+        if idx.shape[0] >= k:
+            return _sorted_pick(x, idx[_exact_indices(_magnitude(x[idx]), k)])
     return _sorted_pick(x, _exact_indices(_magnitude(x), k))
 
 
