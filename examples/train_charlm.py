@@ -40,12 +40,6 @@ COMPRESSIONS = {
     "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
     "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
     "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
-    "dense-adam": lambda: hvdcomp.TopK(1.0, precondition="adam"),
-    "dense-rms": lambda: hvdcomp.TopK(1.0, precondition="rms"),
-    "dense": lambda: hvdcomp.TopK(1.0),
-    "marsit-adam": lambda: hvdcomp.Marsit(precondition="adam"),
-    "topk-adam": lambda: hvdcomp.TopK(precondition="adam"),
-    "sketchfusion-adam": lambda: hvdcomp.SketchFusion(precondition="adam"),
 }
 
 # Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
@@ -55,9 +49,7 @@ DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9
             "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
             "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3),
             "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 9e-3),
-            "sketchfusion-rms": ("adam", 9e-3), "marsit-adam": ("sgd", 9e-3),
-            "topk-adam": ("sgd", 9e-3), "sketchfusion-adam": ("sgd", 9e-3),
-            "dense-adam": ("sgd", 9e-3), "dense-rms": ("adam", 9e-3), "dense": ("adam", 9e-3)}
+            "sketchfusion-rms": ("adam", 9e-3)}
 
 
 def load_text(val_fraction=0.1):
@@ -144,6 +136,8 @@ def parser():
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
     ap.add_argument("--optimizer", choices=("adam", "sgd", "sgdm"), default=None,
                     help="default: per method (DEFAULTS)")
+    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                    help="learning rate over the run: constant, or cosine decay to 0")
     ap.add_argument("--seed", type=int, default=0, help="model init and data order")
     ap.add_argument("--json", default=None, metavar="FILE",
                     help="write the curve and summary as JSON here (rank 0)")
@@ -170,6 +164,8 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
+    schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.steps)
+                if getattr(args, "schedule", "constant") == "cosine" else None)
 
     def evaluate():
         model.eval()
@@ -189,6 +185,8 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
         loss = F.cross_entropy(model(x).reshape(-1, len(vocab)), y.reshape(-1))
         loss.backward()
         opt.step()
+        if schedule is not None:
+            schedule.step()
         running.append(loss.item())
         if step % args.eval_every == 0 or step == args.steps:
             sent, kind = bytes_per_step(compression, method, numel, hvd.size())

@@ -52,7 +52,7 @@ from hvdcomp.stats import StepStats
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
-PRECONDITIONERS = (None, "rms", "adam")
+PRECONDITIONERS = (None, "rms")
 # The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
 DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
@@ -478,8 +478,7 @@ class BatchedCompressor:
         (``hvdcomp.algorithms.precondition``); the new (v, t) is kept on the entry and stored
         only when the step lands (a skipped or rolled-back step leaves the state as it was)."""
         for e in entries:
-            e.work, e.rms_state = rms.step(self.precondition,
-                                           self.memory_like(self._rms_key(e.key), e.work), e.work)
+            e.work, e.rms_state = rms.step(self.memory_like(self._rms_key(e.key), e.work), e.work)
 
     def _check_agreement(self, ctx, entries):
         header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)

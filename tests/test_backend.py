@@ -110,3 +110,28 @@ def test_marsit_memory_blends_global_and_local_error(variant):
         assert np.allclose(mem, p - (1 - a) * 0.9 * merged - a * 0.5 * signs, atol=1e-7)
     if a == 1.0:
         assert np.allclose(mem, alg.local_memory(p, 0.5))
+
+
+def test_rms_precondition_is_adams_normaliser():
+    """u = g / (sqrt(v_hat) + eps) is exactly the step torch.optim.Adam takes with beta1 = 0 and
+    lr 1 (same beta2, eps, bias correction); the previous state is not modified; NumPy and Torch
+    agree."""
+    from hvdcomp.algorithms import precondition as rms
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(50).astype(np.float32) * s for s in (3.0, 0.1, 1.0)]
+    param = torch.zeros(50, requires_grad=True)
+    adam = torch.optim.Adam([param], lr=1.0, betas=(0.0, rms.BETA2), eps=rms.EPS)
+    state = tstate = None
+    for g in grads:
+        before = param.detach().clone()
+        param.grad = torch.from_numpy(g.copy())
+        adam.step()
+        kept = None if state is None else state[1].copy()
+        u, new = rms.step(state, g)
+        tu, tstate = rms.step(tstate, torch.from_numpy(g))
+        assert np.allclose(u, (before - param.detach()).numpy(), rtol=1e-5, atol=1e-6)
+        assert np.allclose(tu.numpy(), u, rtol=1e-6)
+        if kept is not None:
+            assert np.array_equal(state[1], kept)  # a rolled-back step leaves the state intact
+        state = new
+    assert state[0] == 3 and np.abs(u).max() < 1 / (1 - rms.BETA2) ** 0.5

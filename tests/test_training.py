@@ -33,7 +33,8 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
 @pytest.mark.parametrize("name, form", [("marsit", "rank"), ("marsit", "gathered"),
                                         ("topk", "rank"), ("topk", "gathered"),
                                         ("binsgdm", "gathered"), ("sketchfusion-narrow", "rank"),
-                                        ("sketchfusion-narrow", "gathered")])
+                                        ("sketchfusion-narrow", "gathered"),
+                                        ("marsit-rms", "rank"), ("topk-rms", "gathered")])
 def test_checkpoint_resume_is_bit_identical(name, form):
     lr, momentum = SETTINGS[name]
     res = results(run(3, "resume.py", name, form, lr, momentum, timeout=180))
@@ -44,3 +45,7 @@ def test_checkpoint_resume_is_bit_identical(name, form):
         assert r["fresh_differs"], "losing the compressor state should change the trajectory"
         assert r["memory_norm"] > 0 and r["memory_keys"]
     assert len({r["memory_norm"] for r in res.values()}) == 3  # per-rank states really differ
+    if name.endswith("-rms"):  # the running second moments of every gradient, biases included
+        keys = res[0]["memory_keys"]
+        assert {k for k in keys if k.endswith("#rms")} == {
+            f"{layer}.{p}#rms" for layer in (0, 2, 4) for p in ("weight", "bias")}

@@ -24,28 +24,15 @@ BETA2 = 0.999
 EPS = 1e-8
 
 
-BETA1 = 0.9
-
-
-def step(mode, state, g):
-    """``(u, new_state)`` for this step. ``mode`` 'rms': ``u = g / (sqrt(v_hat) + eps)``;
-    'adam': ``u = m_hat / (sqrt(v_hat) + eps)`` with this rank's own first moment
-    ``m = beta1 * m + (1 - beta1) * g`` (bias-corrected like Adam's), i.e. this rank's Adam
-    direction: the optimizer then only scales it by its learning rate (plain SGD). ``state`` is
-    the previous step's (None at first) and is not modified; ``new_state`` is
-    ``(t, v)`` or ``(t, v, m)`` with fresh arrays."""
+def step(state, g, beta2=BETA2, eps=EPS):
+    """``(u, new_state)``: ``u = g / (sqrt(v_hat) + eps)`` (a fresh array like ``g``) and this
+    step's ``(t, v)``. ``state`` is the previous step's ``(t, v)`` (None at first) and is not
+    modified, so a step that is rolled back or skipped leaves it intact."""
     t = 1 if state is None else int(state[0]) + 1
     v = g * g
-    v *= 1.0 - BETA2
+    v *= 1.0 - beta2
     if state is not None:
-        v += BETA2 * state[1]
-    denom = xp.sqrt(v * (1.0 / (1.0 - BETA2 ** t)))
-    denom += EPS
-    if mode == "rms":
-        return g / denom, (t, v)
-    m = g * (1.0 - BETA1)
-    if state is not None:
-        m += BETA1 * state[2]
-    u = m * (1.0 / (1.0 - BETA1 ** t))
-    u /= denom
-    return u, (t, v, m)
+        v += beta2 * state[1]
+    denom = xp.sqrt(v * (1.0 / (1.0 - beta2 ** t)))
+    denom += eps
+    return g / denom, (t, v)

@@ -52,6 +52,8 @@ def compression_for(name):
             "binsgdm": lambda: hvdcomp.BinSGDM(seed=3),
             "topk": lambda: hvdcomp.TopK(ratio=0.01, seed=3),
             "marsit-auto": lambda: hvdcomp.Marsit(seed=5, fusion="auto"),
+            "marsit-rms": lambda: hvdcomp.Marsit(seed=5, precondition="rms"),
+            "topk-rms": lambda: hvdcomp.TopK(ratio=0.01, seed=3, precondition="rms"),
             "topk-auto": lambda: hvdcomp.TopK(fusion="auto"),  # as topk-bare, with LayerFusion
             "topk-bare": lambda: hvdcomp.TopK,
             "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
