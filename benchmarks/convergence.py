@@ -31,7 +31,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ["none", "fp16", "marsit", "marsit-global", "binsgdm", "topk", "sketchfusion"]
+METHODS = ["none", "fp16", "marsit", "marsit-global", "binsgdm", "topk", "sketchfusion", "marsit-rms",
+           "topk-rms", "sketchfusion-rms"]
 # script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
 TASKS = {
     "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,

@@ -48,7 +48,7 @@ COMPRESSIONS = {
 DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
             "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
             "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3),
-            "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 9e-3),
+            "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 2.7e-2),
             "sketchfusion-rms": ("adam", 9e-3)}
 
 

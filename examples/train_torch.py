@@ -30,6 +30,10 @@ COMPRESSIONS = {
     "binsgdm": lambda: hvdcomp.BinSGDM(),
     "topk": lambda: hvdcomp.TopK(),
     "sketchfusion": lambda: hvdcomp.SketchFusion(),
+    # precondition='rms': gradients normalised per coordinate before compression (for Adam users)
+    "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
+    "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
+    "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
 }
 
 # Per-method (learning rate, SGD momentum), chosen once for this task by the equal-effort sweep in
@@ -38,7 +42,9 @@ COMPRESSIONS = {
 # momentum, so its inner optimizer is plain SGD.
 DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.04, 0.9),
             "marsit-global": (0.04, 0.9), "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0),
-            "topk": (0.1, 0.9), "sketchfusion": (0.05, 0.9)}
+            "topk": (0.1, 0.9), "sketchfusion": (0.05, 0.9),
+            "marsit-rms": (0.0005, 0.9), "topk-rms": (0.0005, 0.9),
+            "sketchfusion-rms": (0.0005, 0.9)}
 
 
 def load_digits_split(seed=0):
