@@ -6,7 +6,8 @@ tensor starts on a byte boundary, so no float copy of the gradients is made), an
 all-reduce carries the whole step; each rank sends ``2 (size-1)/size * sum(ceil(d_i/8))`` bytes
 plus a few scalars. State per tensor: the compensation memory ``e`` (same dtype/device as the
 working gradient); each step stores a new array (the step's compensated gradient, overwritten
-in place by its residual), never mutating the previous one.
+in place by its residual), never mutating the previous one. The 'hybrid' and 'local' memories
+also keep one work vector per tensor (the rank's own message as values; not state).
 """
 import numpy as np
 
