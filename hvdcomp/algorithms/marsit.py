@@ -70,7 +70,7 @@ def apply(signs, delta, p, p_is_scratch=False, local_share=0.0, local=None):
     array); every element of the step is exactly ``+-delta`` (in ``signs``' dtype). ``p`` is
     overwritten with the new memory when ``p_is_scratch`` (the caller owns it, e.g.
     ``compensate`` allocated it); otherwise the memory is a new array and ``p`` (which may be the
-    user's gradient) is left as it is. ``local`` is only read. Three passes over the vector for
+    user's gradient) is left as it is. ``local`` is only read. Two passes over the vector for
     the global memory, five with a local share.
     """
     step = signs
@@ -87,9 +87,9 @@ def apply(signs, delta, p, p_is_scratch=False, local_share=0.0, local=None):
 
 
 def own_message(p, own_scale, out=None):
-    """This rank's own 1-bit message as values, ``own_scale * sign(p)`` (the sign of +0.0 and
-    -0.0 is +1, as in the packed message), written into ``out`` (scratch with ``p``'s shape,
-    dtype and kind) or into a fresh array."""
+    """This rank's own 1-bit message as values, ``own_scale * sign(p)`` with the IEEE sign, as
+    in the packed message (+0.0 gives ``+own_scale``, -0.0 ``-own_scale``), written into ``out``
+    (scratch with ``p``'s shape, dtype and kind) or into a fresh array. Two passes."""
     return xp.signed_constant(p, own_scale, xp.empty_like(p) if out is None else out)
 
 
