@@ -432,10 +432,9 @@ class BatchedCompressor:
         for e in entries:
             if e.status == OK and not xp.all_finite(e.work):
                 e.status = NONFINITE
-        if self.precondition:
-            with self._phase("encode"):
-                self._normalise(e for e in entries if e.status == OK)
         with self._phase("encode"):
+            if self.precondition:
+                self._normalise(e for e in entries if e.status == OK)
             scalars = np.asarray(self._prepare(big) if big else np.zeros((0, self.n_scalars)),
                                  dtype=np.float64).reshape(len(big), self.n_scalars)
         local = np.concatenate([[e.status for e in entries], scalars.reshape(-1)])

@@ -5,8 +5,9 @@ they return ``(indices, values)``: ``indices`` an int64 array, strictly ascendin
 kind and device as ``x``; ``values = x[indices]``.
 
 - ``topk_exact(x, k)``: exactly k indices of largest ``|x|`` (``np.argpartition`` /
-  ``torch.topk``, over the elements above a sampled threshold when that is safe and cheaper). Which of several equal magnitudes at the cut is chosen is left to the library
-  (deterministic for a given input).
+  ``torch.topk``, over the elements above a sampled threshold when that is safe and cheaper).
+  Which of several equal magnitudes at the cut is chosen is left to the library (deterministic
+  for a given input).
 - ``topk_approx(x, k, seed=..., tol=0.5)``: threshold selection. It estimates the magnitude
   threshold for density k/n from a random sample of the elements (0.2% by default, at least enough
   that about 64 sampled elements lie above the threshold), then selects with one comparison over
@@ -79,6 +80,19 @@ def _exact_indices(mag, k):
     return np.argpartition(mag, n - k)[n - k:].astype(np.int64, copy=False)
 
 
+def _exact_among(x, idx, k):
+    """(ascending indices, values) of the k largest magnitudes among the candidates ``idx``."""
+    return _sorted_pick(x, idx[_exact_indices(_magnitude(x[idx]), k)])
+
+
+def _sampled_magnitudes(x, m, seed):
+    """``|x|`` at m positions drawn (with replacement) from ``numpy.random.default_rng(seed)``."""
+    pos = np.random.default_rng(seed).integers(0, x.shape[0], size=m)
+    if is_torch(x):
+        pos = _torch().from_numpy(pos).to(x.device)
+    return _magnitude(x[pos])
+
+
 @_via_numpy
 def topk_exact(x, k):
     """Exactly the k largest-magnitude elements: ``(ascending int64 indices, values)``. For
@@ -89,13 +103,10 @@ def topk_exact(x, k):
     n, k = _check(x, k)
     if n >= EXACT_BELOW and 8 * k <= n:
         m = min(n // 2, max(int(0.002 * n), math.ceil(4 * MIN_SAMPLED_ABOVE * n / k)))
-        pos = np.random.default_rng(0).integers(0, n, size=m)
-        if is_torch(x):
-            pos = _torch().from_numpy(pos).to(x.device)
         r = min(m, math.ceil(1.5 * m * k / n))
-        idx = _above(x, _kth_largest(_magnitude(x[pos]), r))
+        idx = _above(x, _kth_largest(_sampled_magnitudes(x, m, 0), r))
         if idx.shape[0] >= k:
-            return _sorted_pick(x, idx[_exact_indices(_magnitude(x[idx]), k)])
+            return _exact_among(x, idx, k)
     return _sorted_pick(x, _exact_indices(_magnitude(x), k))
 
 
@@ -152,10 +163,7 @@ def topk_approx(x, k, *, seed=0, sample=0.002, tol=0.5, info=None):
     if n < EXACT_BELOW or k == n or 2 * m >= n:
         info.update({"pass": "exact", "count": k})
         return topk_exact(x, k)
-    pos = np.random.default_rng(seed).integers(0, n, size=m)
-    if is_torch(x):
-        pos = _torch().from_numpy(pos).to(x.device)
-    sampled = _magnitude(x[pos])
+    sampled = _sampled_magnitudes(x, m, seed)
     r = max(1, round(m * k / n))  # sample rank of the threshold for density k/n
     lo, hi = k - tol * k, k + tol * k
     for attempt in ("sample", "resample"):
@@ -165,9 +173,8 @@ def topk_approx(x, k, *, seed=0, sample=0.002, tol=0.5, info=None):
             info.update({"pass": attempt, "count": c})
             return idx, x[idx]
         if c > hi:  # too many: the exact top-k among the (few) candidates
-            keep = _exact_indices(_magnitude(x[idx]), k)
             info.update({"pass": attempt + "-trim", "count": k})
-            return _sorted_pick(x, idx[keep])
+            return _exact_among(x, idx, k)
         # too few: the sample overestimated the threshold; scale its rank by the shortfall
         r = min(m, math.ceil(r * k / max(c, 1) * 1.1))
     info.update({"pass": "exact", "count": k})
