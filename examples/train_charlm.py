@@ -40,6 +40,10 @@ COMPRESSIONS = {
     "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
     "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
     "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
+    # precondition='adam': the compressor carries Adam and compresses momentum (inner: plain SGD)
+    "marsit-adam": lambda: hvdcomp.Marsit(precondition="adam"),
+    "topk-adam": lambda: hvdcomp.TopK(precondition="adam"),
+    "sketchfusion-adam": lambda: hvdcomp.SketchFusion(precondition="adam"),
 }
 
 # Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
@@ -49,7 +53,8 @@ DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9
             "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
             "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3),
             "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 2.7e-2),
-            "sketchfusion-rms": ("adam", 9e-3)}
+            "sketchfusion-rms": ("adam", 9e-3), "marsit-adam": ("sgd", 9e-3),
+            "topk-adam": ("sgd", 9e-3), "sketchfusion-adam": ("sgd", 9e-3)}
 
 
 def load_text(val_fraction=0.1):

@@ -8,6 +8,7 @@ Change one argument of a stock Horovod script::
 Each public compressor works passed bare (the class: one shared default instance) or configured
 (``hvdcomp.Marsit(seed=1)``: an instance with its own state). See README.md.
 """
+from hvdcomp.algorithms.adam import AdamSettings
 from hvdcomp.binsgdm import BinSGDM
 from hvdcomp.compressor import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
@@ -20,6 +21,6 @@ from hvdcomp.topk import TopK
 DEFAULT = Marsit
 
 __version__ = "0.1.0"
-__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "DEFAULT", "BatchedCompressor",
-           "StepStats", "HvdcompError", "LaunchError", "NonFiniteGradientError",
+__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "DEFAULT", "AdamSettings",
+           "BatchedCompressor", "StepStats", "HvdcompError", "LaunchError", "NonFiniteGradientError",
            "RankMismatchError", "UnsupportedTensorError"]

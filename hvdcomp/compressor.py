@@ -42,6 +42,7 @@ import weakref
 import numpy as np
 
 from hvdcomp import bucketing
+from hvdcomp.algorithms import adam
 from hvdcomp.algorithms import precondition as rms
 from hvdcomp.backend import xp
 from hvdcomp.comm import get_context, ring_allreduce
@@ -52,7 +53,7 @@ from hvdcomp.stats import StepStats
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
-PRECONDITIONERS = (None, "rms")
+PRECONDITIONERS = (None, "rms", "adam")
 # The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
 DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
@@ -79,7 +80,7 @@ class _Ticket:
 class Entry:
     """One gradient of the current batch."""
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
-                 "numel", "status", "scratch", "rms_state")
+                 "numel", "status", "scratch", "pre_state", "dense")
 
     def __init__(self, key, tensor, adapter, working_dtype):
         self.key, self.ticket, self.adapter = key, _Ticket(key), adapter
@@ -89,7 +90,8 @@ class Entry:
         self.status = OK if adapter.is_supported(tensor) else UNSUPPORTED
         self.work = adapter.working(tensor, working_dtype) if self.status == OK else None
         self.scratch = None  # method-specific per-step data (e.g. the compensated vector)
-        self.rms_state = None  # precondition='rms': this step's (v, t), stored if the step lands
+        self.pre_state = None  # precondition's state after this step, stored if the step lands
+        self.dense = False  # reduce uncompressed this step (small tensor, or an 'adam' warm-up)
 
 
 def _is_count(value):
@@ -133,10 +135,13 @@ class BatchedCompressor:
     'layerwise' (one bucket per tensor, for comparisons); default ``DEFAULT_FUSION``;
     ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of one bucket's reduction for 'auto'
     (default: measured from the compressor's own timed reductions);
-    ``precondition``: None (default: the gradients are reduced as they are) or 'rms' (each rank
+    ``precondition``: None (default: the gradients are reduced as they are); 'rms' (each rank
     divides its gradients by their own running root mean square per coordinate before
     compressing, and the result is the mean normalised gradient: Adam's per-coordinate scaling
-    survives the compression; ``hvdcomp.algorithms.precondition``).
+    survives the compression; ``hvdcomp.algorithms.precondition``); or 'adam' /
+    ``hvdcomp.AdamSettings(betas, eps, warmup)`` (the compressor carries Adam, compresses each
+    rank's momentum after a dense warm-up and returns Adam's step direction, for a plain SGD
+    inner optimizer at Adam's learning rate; ``hvdcomp.algorithms.adam``).
     """
 
     method = "base"
@@ -145,8 +150,14 @@ class BatchedCompressor:
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
                  seed=0, fusion=None, fusion_cost=None, precondition=None):
-        if precondition not in PRECONDITIONERS:
-            raise ValueError(f"precondition must be one of {PRECONDITIONERS}, got {precondition!r}")
+        self.adam = None
+        if isinstance(precondition, adam.AdamSettings):
+            precondition, self.adam = "adam", precondition
+        elif precondition not in PRECONDITIONERS:
+            raise ValueError(f"precondition must be one of {PRECONDITIONERS} or an "
+                             f"hvdcomp.AdamSettings, got {precondition!r}")
+        elif precondition == "adam":
+            self.adam = adam.AdamSettings()
         self.precondition = precondition
         if not _is_count(min_compress_numel):
             raise ValueError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
@@ -427,14 +438,15 @@ class BatchedCompressor:
         self._phases = {}
         t0 = time.perf_counter()
         self._check_agreement(ctx, entries)
-        big = [e for e in entries if e.status == OK and e.numel >= self.min_compress_numel]
-        small = [e for e in entries if not (e.status == OK and e.numel >= self.min_compress_numel)]
         for e in entries:
             if e.status == OK and not xp.all_finite(e.work):
                 e.status = NONFINITE
+            e.dense = e.status != OK or e.numel < self.min_compress_numel
         with self._phase("encode"):
             if self.precondition:
-                self._normalise(e for e in entries if e.status == OK)
+                self._precondition_in([e for e in entries if e.status == OK])
+            big = [e for e in entries if not e.dense]
+            small = [e for e in entries if e.dense]
             scalars = np.asarray(self._prepare(big) if big else np.zeros((0, self.n_scalars)),
                                  dtype=np.float64).reshape(len(big), self.n_scalars)
         local = np.concatenate([[e.status for e in entries], scalars.reshape(-1)])
@@ -449,13 +461,16 @@ class BatchedCompressor:
             all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), self.n_scalars)
             reduced = dict(zip((e.key for e in big), self._reduce(big, all_scalars) if big else []))
             reduced.update(zip((e.key for e in small), self._reduce_dense(ctx, small)))
+            if self.adam is not None:
+                with self._phase("decode"):
+                    self._adam_out(entries, reduced)
             outputs = [reduced[e.key] for e in entries]
             for e in entries:
-                if e.rms_state is not None:
-                    self._memory[self._rms_key(e.key)] = e.rms_state
+                if e.pre_state is not None:
+                    self._memory[self._pre_key(e.key)] = e.pre_state
         for e, out in zip(entries, outputs):
             self._results[e.ticket] = (out, e)
-            e.work = e.scratch = e.rms_state = None
+            e.work = e.scratch = e.pre_state = None
         moved = ctx.stats.since(before)
         stats = StepStats.of_step(
             step=self._step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
@@ -467,17 +482,34 @@ class BatchedCompressor:
             self._batch += 1
         return stats
 
-    @staticmethod
-    def _rms_key(key):
-        """Where precondition='rms' keeps a tensor's (v, t) in the state."""
-        return f"{key}#rms"
+    def _pre_key(self, key):
+        """Where the preconditioner keeps a tensor's state: ``<key>#rms`` holds (t, v) for 'rms',
+        ``<key>#adam`` holds (t, m, v) for 'adam'."""
+        return f"{key}#{self.precondition}"
 
-    def _normalise(self, entries):
-        """precondition='rms': replace each entry's working gradient by its normalised form
-        (``hvdcomp.algorithms.precondition``); the new (v, t) is kept on the entry and stored
-        only when the step lands (a skipped or rolled-back step leaves the state as it was)."""
+    def _precondition_in(self, entries):
+        """Replace each (finite) entry's working gradient by what its preconditioner sends.
+        'rms': the normalised gradient (``hvdcomp.algorithms.precondition``), whose new (t, v) is
+        kept on the entry and stored only when the step lands (a skipped or rolled-back step
+        leaves the state as it was). 'adam': the gradient in a warm-up step (reduced densely),
+        else the rank's momentum (``hvdcomp.algorithms.adam``); its state is updated after the
+        reduction, by ``_adam_out``."""
         for e in entries:
-            e.work, e.rms_state = rms.step(self.memory_like(self._rms_key(e.key), e.work), e.work)
+            state = self.memory_like(self._pre_key(e.key), e.work)
+            if self.adam is None:
+                e.work, e.pre_state = rms.step(state, e.work)
+            else:
+                e.dense = e.dense or adam.is_dense(state, self.adam)
+                e.work = adam.message(state, e.work, self.adam)
+
+    def _adam_out(self, entries, reduced):
+        """precondition='adam': replace each entry's mean message in ``reduced`` (key -> array)
+        by Adam's step direction; the new (t, m, v) is kept on the entry until the step lands."""
+        for e in entries:
+            if e.status == OK:
+                state = self.memory_like(self._pre_key(e.key), reduced[e.key])
+                reduced[e.key], e.pre_state = adam.update(state, reduced[e.key], e.dense,
+                                                          self.adam)
 
     def _check_agreement(self, ctx, entries):
         header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)

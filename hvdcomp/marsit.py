@@ -34,9 +34,8 @@ class Marsit(BatchedCompressor):
             three in the README.
         fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor (see
             ``hvdcomp.compressor``).
-        precondition: None (default) or 'rms': divide each rank's gradient by its own running
-            root mean square per coordinate before compressing (the result is then the mean
-            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
+        precondition: None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``: for
+            Adam users, see ``BatchedCompressor`` and the README ("With Adam").
     """
 
     method = "Marsit"

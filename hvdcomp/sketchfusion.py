@@ -44,9 +44,8 @@ class SketchFusion(BatchedCompressor):
             False: apply the sketch's estimates (one round).
         seed: seed of the hashes (identical on every rank), >= 0.
         min_compress_numel, on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor.
-        precondition: None (default) or 'rms': divide each rank's gradient by its own running
-            root mean square per coordinate before compressing (the result is then the mean
-            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
+        precondition: None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``: for
+            Adam users, see ``BatchedCompressor`` and the README ("With Adam").
     Invalid settings raise ValueError here, at construction.
     """
 

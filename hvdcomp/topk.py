@@ -102,9 +102,8 @@ class TopK(BatchedCompressor):
         on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
         seed: seed of the selection's samples (with the step and tensor: reproducible runs).
         fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
-        precondition: None (default) or 'rms': divide each rank's gradient by its own running
-            root mean square per coordinate before compressing (the result is then the mean
-            normalised gradient; for Adam users, see ``hvdcomp.algorithms.precondition``).
+        precondition: None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``: for
+            Adam users, see ``BatchedCompressor`` and the README ("With Adam").
     """
 
     method = "TopK"

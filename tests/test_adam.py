@@ -1,0 +1,74 @@
+"""precondition='adam' (hvdcomp.algorithms.adam): pure-function checks. The multi-rank behaviour
+(bit-identical ranks, checkpoint resume, training) is in test_training.py."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import hvdcomp
+from hvdcomp.algorithms import adam
+
+
+def test_dense_steps_are_torch_adam():
+    """With warmup = inf (every step dense) the returned direction is exactly the step of
+    torch.optim.Adam at lr 1 on the same (mean) gradients; NumPy and Torch agree; the previous
+    state is never modified (a step that does not land leaves it intact)."""
+    settings = adam.AdamSettings(warmup=math.inf)
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(40).astype(np.float32) * s for s in (3.0, 0.1, 1.0, 0.5)]
+    param = torch.zeros(40, requires_grad=True)
+    ref = torch.optim.Adam([param], lr=1.0, betas=settings.betas, eps=settings.eps)
+    state = tstate = None
+    for g in grads:
+        assert adam.is_dense(state, settings)
+        assert adam.message(state, g, settings) is g  # the gradient itself is sent
+        before = param.detach().clone()
+        param.grad = torch.from_numpy(g.copy())
+        ref.step()
+        kept = None if state is None else [x.copy() for x in state[1:]]
+        u, new = adam.update(state, g, True, settings)
+        tu, tstate = adam.update(tstate, torch.from_numpy(g), True, settings)
+        assert np.allclose(u, (before - param.detach()).numpy(), rtol=1e-5, atol=1e-6)
+        assert np.allclose(tu.numpy(), u, rtol=1e-6)
+        if kept is not None:
+            assert all(np.array_equal(a, b) for a, b in zip(state[1:], kept))
+        state = new
+    assert state[0] == 4
+
+
+def test_after_warmup_the_momentum_is_sent_and_the_mean_becomes_the_momentum():
+    settings = adam.AdamSettings(betas=(0.8, 0.99), warmup=2)
+    rng = np.random.default_rng(1)
+    state = None
+    for _ in range(2):
+        assert adam.is_dense(state, settings)
+        _, state = adam.update(state, rng.standard_normal(30).astype(np.float32), True, settings)
+    assert not adam.is_dense(state, settings)
+    t, m, v = state
+    g = rng.standard_normal(30).astype(np.float32)
+    sent = adam.message(state, g, settings)
+    assert np.allclose(sent, 0.8 * m + 0.2 * g, rtol=1e-6)
+    reduced = rng.standard_normal(30).astype(np.float32)  # stands for the compressed mean
+    u, (t2, m2, v2) = adam.update(state, reduced, False, settings)
+    assert t2 == 3 and np.array_equal(m2, reduced) and m2 is not reduced
+    assert np.allclose(v2, 0.99 * v + 0.01 * reduced ** 2, rtol=1e-6)
+    expect = (reduced / (1 - 0.8 ** 3)) / (np.sqrt(v2 / (1 - 0.99 ** 3)) + settings.eps)
+    assert np.allclose(u, expect, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(warmup=0), dict(warmup=2.5), dict(warmup=True),
+                                    dict(betas=(0.9, 1.0)), dict(betas=0.9), dict(eps=0.0)])
+def test_bad_settings_raise(kwargs):
+    with pytest.raises(ValueError):
+        adam.AdamSettings(**kwargs)
+
+
+def test_precondition_argument():
+    assert hvdcomp.Marsit(precondition="adam").adam.warmup == adam.WARMUP
+    custom = hvdcomp.AdamSettings(warmup=20)
+    comp = hvdcomp.TopK(precondition=custom)
+    assert comp.precondition == "adam" and comp.adam is custom
+    assert hvdcomp.SketchFusion(precondition="rms").adam is None
+    with pytest.raises(ValueError, match="precondition"):
+        hvdcomp.Marsit(precondition="adamw")
