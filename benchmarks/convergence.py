@@ -1,6 +1,6 @@
 """Convergence benchmark: every example x every compressor x several seeds, on real ranks.
 
-    python benchmarks/convergence.py                # full: 2 tasks x 6 methods x 3 seeds, 4 ranks
+    python benchmarks/convergence.py                # full: 2 tasks x 13 settings x 3 seeds, 4 ranks
     python benchmarks/convergence.py --smoke        # seconds-scale version used by the test suite
     python benchmarks/convergence.py --lr-scales 0.5,1,2 --seeds 1   # the equal-effort lr sweep
 
@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["none", "fp16", "marsit", "marsit-global", "binsgdm", "topk", "sketchfusion", "marsit-rms",
-           "topk-rms", "sketchfusion-rms"]
+           "topk-rms", "sketchfusion-rms", "marsit-adam", "topk-adam", "sketchfusion-adam"]
 # script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
 TASKS = {
     "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,

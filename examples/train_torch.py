@@ -34,6 +34,10 @@ COMPRESSIONS = {
     "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
     "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
     "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
+    # precondition='adam': the compressor carries Adam and compresses momentum (inner: plain SGD)
+    "marsit-adam": lambda: hvdcomp.Marsit(precondition="adam"),
+    "topk-adam": lambda: hvdcomp.TopK(precondition="adam"),
+    "sketchfusion-adam": lambda: hvdcomp.SketchFusion(precondition="adam"),
 }
 
 # Per-method (learning rate, SGD momentum), chosen once for this task by the equal-effort sweep in
@@ -44,7 +48,8 @@ DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.04, 0.9),
             "marsit-global": (0.04, 0.9), "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0),
             "topk": (0.1, 0.9), "sketchfusion": (0.05, 0.9),
             "marsit-rms": (0.0005, 0.9), "topk-rms": (0.0005, 0.9),
-            "sketchfusion-rms": (0.0005, 0.9)}
+            "sketchfusion-rms": (0.0005, 0.9), "marsit-adam": (0.004, 0.0),
+            "topk-adam": (0.002, 0.0), "sketchfusion-adam": (0.008, 0.0)}
 
 
 def load_digits_split(seed=0):

@@ -20,7 +20,10 @@ SETTINGS = {"none": (0.05, 0.9), "marsit": (0.04, 0.9), "topk-bare": (0.05, 0.9)
             "sketchfusion-narrow": (0.1, 0.9),
             # precondition='rms': the gradient arrives normalised (about unit size per element),
             # so the rate is a per-element step, as for Adam
-            "marsit-rms": (0.002, 0.9), "topk-rms": (0.002, 0.9)}
+            "marsit-rms": (0.002, 0.9), "topk-rms": (0.002, 0.9),
+            # precondition='adam': Adam's step direction, for plain SGD at an Adam-like rate
+            "marsit-adam": (0.002, 0.0), "marsit-adam-w4": (0.002, 0.0),
+            "topk-adam-w8": (0.002, 0.0)}
 EPOCHS = 20
 
 

@@ -34,7 +34,9 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
                                         ("topk", "rank"), ("topk", "gathered"),
                                         ("binsgdm", "gathered"), ("sketchfusion-narrow", "rank"),
                                         ("sketchfusion-narrow", "gathered"),
-                                        ("marsit-rms", "rank"), ("topk-rms", "gathered")])
+                                        ("marsit-rms", "rank"), ("topk-rms", "gathered"),
+                                        ("marsit-adam-w4", "rank"),
+                                        ("topk-adam-w8", "gathered")])
 def test_checkpoint_resume_is_bit_identical(name, form):
     lr, momentum = SETTINGS[name]
     res = results(run(3, "resume.py", name, form, lr, momentum, timeout=180))
@@ -45,7 +47,25 @@ def test_checkpoint_resume_is_bit_identical(name, form):
         assert r["fresh_differs"], "losing the compressor state should change the trajectory"
         assert r["memory_norm"] > 0 and r["memory_keys"]
     assert len({r["memory_norm"] for r in res.values()}) == 3  # per-rank states really differ
-    if name.endswith("-rms"):  # the running second moments of every gradient, biases included
-        keys = res[0]["memory_keys"]
-        assert {k for k in keys if k.endswith("#rms")} == {
-            f"{layer}.{p}#rms" for layer in (0, 2, 4) for p in ("weight", "bias")}
+    for kind in ("rms", "adam"):  # the preconditioner's state of every gradient, biases included
+        if f"-{kind}" in name:
+            keys = res[0]["memory_keys"]
+            assert {k for k in keys if k.endswith(f"#{kind}")} == {
+                f"{layer}.{p}#{kind}" for layer in (0, 2, 4) for p in ("weight", "bias")}
+
+
+@pytest.mark.timeout(400)
+def test_adam_precondition_trains_like_uncompressed(uncompressed):
+    """precondition='adam' (SGD inner optimizer): bit-identical ranks (train_digits), the
+    uncompressed accuracy within the same tolerance, every tensor's (t, m, v) in the state beside
+    Marsit's memory, and the 10 dense warm-up steps of 220 leaving a large saving."""
+    res = train_digits("marsit-adam")
+    r = res[0]
+    print(f"uncompressed acc {uncompressed['acc']:.4f}; marsit-adam acc {r['acc']:.4f} loss "
+          f"{r['loss']:.4f}, {r['stats']['ratio']:.1f}x fewer bytes")
+    assert r["acc"] >= uncompressed["acc"] - TOLERANCE_ACC
+    assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
+    assert r["memory_keys"] == sorted(
+        [f"{layer}.weight" for layer in (0, 2, 4)]
+        + [f"{layer}.{p}#adam" for layer in (0, 2, 4) for p in ("weight", "bias")])
+    assert 8 < r["stats"]["ratio"] < 20  # all dense for 10 steps, then ~1 bit per element

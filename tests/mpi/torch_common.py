@@ -54,6 +54,13 @@ def compression_for(name):
             "marsit-auto": lambda: hvdcomp.Marsit(seed=5, fusion="auto"),
             "marsit-rms": lambda: hvdcomp.Marsit(seed=5, precondition="rms"),
             "topk-rms": lambda: hvdcomp.TopK(ratio=0.01, seed=3, precondition="rms"),
+            # precondition='adam': warm-ups that end before (marsit) and after (topk) the
+            # resume test's checkpoint at step 6; the training test's 220 steps use the default
+            "marsit-adam": lambda: hvdcomp.Marsit(seed=5, precondition="adam"),
+            "marsit-adam-w4": lambda: hvdcomp.Marsit(
+                seed=5, precondition=hvdcomp.AdamSettings(warmup=4)),
+            "topk-adam-w8": lambda: hvdcomp.TopK(
+                ratio=0.01, seed=3, precondition=hvdcomp.AdamSettings(warmup=8)),
             "topk-auto": lambda: hvdcomp.TopK(fusion="auto"),  # as topk-bare, with LayerFusion
             "topk-bare": lambda: hvdcomp.TopK,
             "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
