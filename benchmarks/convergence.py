@@ -234,6 +234,14 @@ def write_table(rows, out, sweep):
     return text
 
 
+# One colour per setting (matplotlib's 10 cycle colours, then 4 more), fixed by METHODS' order.
+COLORS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "teal", "magenta"]
+
+
+def color(method):
+    return COLORS[METHODS.index(method) % len(COLORS)]
+
+
 def plot(records, rows, out, tasks, methods, args_smoke=False):
     import matplotlib
     matplotlib.use("Agg")
@@ -248,10 +256,10 @@ def plot(records, rows, out, tasks, methods, args_smoke=False):
                 continue
             for r in ok:  # each seed faintly, the seed mean boldly
                 ax.plot([p["step"] for p in r["curve"]], [p[spec["metric"]] for p in r["curve"]],
-                        alpha=0.2, lw=0.8, color=f"C{METHODS.index(method)}")
+                        alpha=0.2, lw=0.8, color=color(method))
             mc = mean_curve(ok, spec["metric"])
             ax.plot([s for s, _ in mc], [v for _, v in mc], lw=1.8, label=method,
-                    color=f"C{METHODS.index(method)}")
+                    color=color(method))
         ax.set_title(f"{task}: {spec['metric']} ({len(ok)} seeds, 4 ranks)"
                      if ok else task)
         ax.set_xlabel("step")
@@ -259,7 +267,7 @@ def plot(records, rows, out, tasks, methods, args_smoke=False):
         if not args_smoke:
             ax.set_ylim(*spec["ylim"])  # the interesting part (the full curve is in raw/)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "curves.png"), dpi=90)
     plt.close(fig)

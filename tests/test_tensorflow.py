@@ -33,7 +33,7 @@ def test_eager_tf_function_and_keras(method, ranks):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", ["binsgdm", "marsit", "sketchfusion", "topk"])
+@pytest.mark.parametrize("method", ["binsgdm", "marsit", "sketchfusion", "topk", "marsit-adam"])
 def test_checkpoint_resume_is_bit_identical(method):
     """tf.train.Checkpoint for the model plus the compressor's state_dict(): a resumed run
     equals the uninterrupted one bit for bit; a fresh compressor diverges."""
@@ -41,3 +41,5 @@ def test_checkpoint_resume_is_bit_identical(method):
     assert sorted(res) == [0, 1]
     for r in res.values():
         assert r["same"] and r["fresh_differs"] and r["keys"] and r["step"] > 0
+        if method.endswith("-adam"):  # Adam's (t, m, v) of every variable, biases included
+            assert sum(k.endswith("#adam") for k in r["keys"]) == 4, r["keys"]

@@ -21,7 +21,10 @@ from report import report  # noqa: E402
 make, lr = {"marsit": (lambda: hvdcomp.Marsit(seed=5), 0.02),
             "binsgdm": (lambda: hvdcomp.BinSGDM(seed=3), 0.005),
             "topk": (lambda: hvdcomp.TopK(seed=3), 0.05),
-            "sketchfusion": (lambda: hvdcomp.SketchFusion(seed=3), 0.05)}[sys.argv[1]]
+            "sketchfusion": (lambda: hvdcomp.SketchFusion(seed=3), 0.05),
+            # precondition='adam' (plain SGD inner optimizer): warm-up ends before the checkpoint
+            "marsit-adam": (lambda: hvdcomp.Marsit(
+                seed=5, precondition=hvdcomp.AdamSettings(warmup=3)), 0.002)}[sys.argv[1]]
 N, M = 5, 5
 hvd.init()
 rank = hvd.rank()
