@@ -439,12 +439,14 @@ class BatchedCompressor:
         t0 = time.perf_counter()
         self._check_agreement(ctx, entries)
         for e in entries:
+            # Decided before the finite check, from what every rank agrees on, so that every
+            # rank splits the batch alike (a NaN on one rank must not change its split).
+            e.dense = e.status != OK or e.numel < self.min_compress_numel
             if e.status == OK and not xp.all_finite(e.work):
                 e.status = NONFINITE
-            e.dense = e.status != OK or e.numel < self.min_compress_numel
         with self._phase("encode"):
             if self.precondition:
-                self._precondition_in([e for e in entries if e.status == OK])
+                self._precondition_in([e for e in entries if e.work is not None])
             big = [e for e in entries if not e.dense]
             small = [e for e in entries if e.dense]
             scalars = np.asarray(self._prepare(big) if big else np.zeros((0, self.n_scalars)),
@@ -488,7 +490,7 @@ class BatchedCompressor:
         return f"{key}#{self.precondition}"
 
     def _precondition_in(self, entries):
-        """Replace each (finite) entry's working gradient by what its preconditioner sends.
+        """Replace each finite entry's working gradient by what its preconditioner sends.
         'rms': the normalised gradient (``hvdcomp.algorithms.precondition``), whose new (t, v) is
         kept on the entry and stored only when the step lands (a skipped or rolled-back step
         leaves the state as it was). 'adam': the gradient in a warm-up step (reduced densely),
@@ -496,10 +498,13 @@ class BatchedCompressor:
         reduction, by ``_adam_out``."""
         for e in entries:
             state = self.memory_like(self._pre_key(e.key), e.work)
+            if self.adam is not None:  # warm-up or not: the same on every rank (t is shared)
+                e.dense = e.dense or adam.is_dense(state, self.adam)
+            if e.status != OK:  # non-finite: the batch raises or is skipped after the gather
+                continue
             if self.adam is None:
                 e.work, e.pre_state = rms.step(state, e.work)
             else:
-                e.dense = e.dense or adam.is_dense(state, self.adam)
                 e.work = adam.message(state, e.work, self.adam)
 
     def _adam_out(self, entries, reduced):

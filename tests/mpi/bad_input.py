@@ -103,6 +103,16 @@ for m, make in METHODS.items():
         out[f"{m}.{kind}_error"] = error_of(
             lambda: hvd.allreduce(g, name=f"{m}.{kind}", compression=make()),
             hvdcomp.NonFiniteGradientError)
+    if m == "Marsit":  # precondition='adam', NaN in its second dense warm-up step
+        comp = hvdcomp.Marsit(seed=1, precondition=hvdcomp.AdamSettings(warmup=2))
+        hvd.allreduce(torch.ones(3000), name="adam.nan", compression=comp)  # warm-up step 1
+        g = torch.ones(3000)
+        if rank == last:
+            g[17] = float("nan")
+        out["adam.nan_error"] = error_of(
+            lambda: hvd.allreduce(g, name="adam.nan", compression=comp),
+            hvdcomp.NonFiniteGradientError)
+        out["adam.t_after"] = int(comp.state_dict()["memory"]["adam.nan#adam"][0])
     # sparse gradients: Horovod reduces them itself (uncompressed); the dense one is compressed
     comp = make()
     emb_c, w_c = sparse_run(comp, False, f"{m}.sp")
