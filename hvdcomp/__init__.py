@@ -22,5 +22,5 @@ DEFAULT = Marsit
 
 __version__ = "0.1.0"
 __all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "DEFAULT", "AdamSettings",
-           "BatchedCompressor", "StepStats", "HvdcompError", "LaunchError", "NonFiniteGradientError",
-           "RankMismatchError", "UnsupportedTensorError"]
+           "BatchedCompressor", "StepStats", "HvdcompError", "LaunchError",
+           "NonFiniteGradientError", "RankMismatchError", "UnsupportedTensorError"]
