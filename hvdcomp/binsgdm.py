@@ -35,6 +35,7 @@ import numbers
 import numpy as np
 
 from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.algorithms import moment_constants
 from hvdcomp.backend import pack_signs, unpack_signs
 from hvdcomp.backend import xp
 from hvdcomp.comm.hierarchy import Hierarchy, small_int_dtype
@@ -68,21 +69,13 @@ class BinSGDM(BatchedCompressor):
                  ranks_per_node=None, uneven="flat", fusion=None, fusion_cost=None):
         super().__init__(min_compress_numel=0, on_nonfinite=on_nonfinite, seed=seed,
                          fusion=fusion, fusion_cost=fusion_cost)
-        try:
-            b1, b2 = (float(b) for b in betas)
-        except (TypeError, ValueError):
-            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from None
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas must lie in [0, 1), got {betas}")
-        if not float(eps) > 0.0:
-            raise ValueError(f"eps must be > 0, got {eps}")
+        self.betas, self.eps = moment_constants(betas, eps)
         if ranks_per_node is not None and not (isinstance(ranks_per_node, numbers.Integral)
                                                and not isinstance(ranks_per_node, bool)
                                                and ranks_per_node >= 1):
             raise ValueError(f"ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
         if uneven not in ("flat", "error"):
             raise ValueError(f"uneven must be 'flat' or 'error', got {uneven!r}")
-        self.betas, self.eps = (b1, b2), float(eps)
         self.ranks_per_node, self.uneven = ranks_per_node, uneven
         self._hierarchy = None
         self.last_legs = None

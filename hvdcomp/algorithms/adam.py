@@ -25,6 +25,7 @@ be plain SGD without momentum at Adam's learning rate (``x -= lr * u``), as for 
 """
 import math
 
+from hvdcomp.algorithms import moment_constants
 from hvdcomp.backend import xp
 
 BETAS = (0.9, 0.999)
@@ -40,18 +41,11 @@ class AdamSettings:
     1/(1-b1) times too large."""
 
     def __init__(self, betas=BETAS, eps=EPS, warmup=WARMUP):
-        try:
-            b1, b2 = (float(b) for b in betas)
-        except (TypeError, ValueError):
-            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from None
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas must lie in [0, 1), got {betas}")
-        if not float(eps) > 0.0:
-            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.betas, self.eps = moment_constants(betas, eps)
         if not (warmup == math.inf or (isinstance(warmup, int) and not isinstance(warmup, bool)
                                         and warmup >= 1)):
             raise ValueError(f"warmup must be an int >= 1 (or math.inf), got {warmup!r}")
-        self.betas, self.eps, self.warmup = (b1, b2), float(eps), warmup
+        self.warmup = warmup
 
     def __repr__(self):
         return f"AdamSettings(betas={self.betas}, eps={self.eps}, warmup={self.warmup})"
