@@ -1,5 +1,6 @@
 """precondition='adam' (hvdcomp.algorithms.adam): pure-function checks. The multi-rank behaviour
-(bit-identical ranks, checkpoint resume, training) is in test_training.py."""
+is tested on real ranks elsewhere: training and checkpoint resume in test_training.py, TensorFlow
+resume in test_tensorflow.py, a NaN in the warm-up in test_bad_input.py."""
 import math
 
 import numpy as np
