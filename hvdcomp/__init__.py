@@ -10,7 +10,7 @@ Each public compressor works passed bare (the class: one shared default instance
 """
 from hvdcomp.algorithms.adam import AdamSettings
 from hvdcomp.binsgdm import BinSGDM
-from hvdcomp.compressor import BatchedCompressor
+from hvdcomp.protocol import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
                             RankMismatchError, UnsupportedTensorError)
 from hvdcomp.marsit import Marsit

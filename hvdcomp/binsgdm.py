@@ -30,16 +30,15 @@ State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed 
 ``state_dict()``; the random votes are keyed by (seed, step, rank), so a resumed run repeats the
 uninterrupted one bit for bit.
 """
-import numbers
-
 import numpy as np
 
+from hvdcomp import validate
 from hvdcomp.algorithms import binsgdm as alg
 from hvdcomp.algorithms import moment_constants
 from hvdcomp.backend import pack_signs, unpack_signs
 from hvdcomp.backend import xp
 from hvdcomp.comm.hierarchy import Hierarchy, small_int_dtype
-from hvdcomp.compressor import BatchedCompressor
+from hvdcomp.protocol import BatchedCompressor
 
 
 class BinSGDM(BatchedCompressor):
@@ -52,59 +51,62 @@ class BinSGDM(BatchedCompressor):
             starts at m = g, v = |g|); a slower normaliser (e.g. 0.999) is allowed and clipped.
             See ``hvdcomp.algorithms.binsgdm``.
         eps: added to ``v`` (guards coordinates whose gradient has always been 0).
-        on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere
-            (a skipped step returns zeros and leaves (m, v) unchanged).
-        seed: seed of the random votes and re-binarisations.
         ranks_per_node: group consecutive ranks into nodes of this size (default: the
             ``HVDCOMP_RANKS_PER_NODE`` environment variable, else MPI's shared-memory nodes).
         uneven: nodes with different numbers of ranks: 'flat' (default; fall back to one rank
             per node, with a warning) or 'error'.
-        fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
+        seed: seed of the random votes and re-binarisations.
+        on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor (a skipped step
+            returns zeros and leaves (m, v) unchanged). Every tensor is voted on (no
+            ``min_compress_numel``), and BinSGDM takes no ``precondition``: it is itself the
+            optimizer, with its own momentum and its own per-coordinate normaliser.
     """
 
     method = "BinSGDM"
     n_scalars = 0
 
-    def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, on_nonfinite="raise", seed=0,
-                 ranks_per_node=None, uneven="flat", fusion=None, fusion_cost=None):
-        super().__init__(min_compress_numel=0, on_nonfinite=on_nonfinite, seed=seed,
-                         fusion=fusion, fusion_cost=fusion_cost)
+    def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",
+                 **common):
+        refused = sorted(common.keys() & {"min_compress_numel", "precondition"})
+        if refused:
+            raise TypeError(f"BinSGDM takes no {', '.join(refused)}: every tensor is voted on, "
+                            "and BinSGDM carries its own momentum and normaliser")
+        super().__init__(min_compress_numel=0, **common)
         self.betas, self.eps = moment_constants(betas, eps)
-        if ranks_per_node is not None and not (isinstance(ranks_per_node, numbers.Integral)
-                                               and not isinstance(ranks_per_node, bool)
-                                               and ranks_per_node >= 1):
-            raise ValueError(f"ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
-        if uneven not in ("flat", "error"):
-            raise ValueError(f"uneven must be 'flat' or 'error', got {uneven!r}")
-        self.ranks_per_node, self.uneven = ranks_per_node, uneven
+        self.ranks_per_node = validate.optional_count("ranks_per_node", ranks_per_node, 1)
+        self.uneven = validate.choice("uneven", uneven, ("flat", "error"))
         self._hierarchy = None
         self.last_legs = None
 
+    def settings(self):
+        return {"betas": list(self.betas), "eps": self.eps, "ranks_per_node": self.ranks_per_node,
+                "uneven": self.uneven}
+
     def hierarchy(self):
         """The node layout in use (built collectively on first use)."""
-        ctx = self._context()
+        ctx = self.engine.context()
         if self._hierarchy is None or self._hierarchy.parent is not ctx:
             self._hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
         return self._hierarchy
 
-    def _prepare(self, entries):
-        for e in entries:
-            e.scratch = alg.update_moments(e.work, self.memory_like(e.key, e.work), *self.betas)
-        return np.zeros((len(entries), 0))
+    def prepare(self, batch):
+        for e in batch.entries:
+            e.moments = alg.update_moments(e.work, batch.store.get(e.key, like=e.work),
+                                           *self.betas)
+        return np.zeros((len(batch.entries), 0))
 
-    def _reduce(self, entries, scalars):
-        ctx = self._context()
-        hier = self.hierarchy()
-        step, seed = self._step, self.seed
-        with self._phase("encode"):
-            like = entries[0].scratch[0]
-            u = xp.concat([alg.direction(m, v, self.eps) for m, v in (e.scratch for e in entries)],
-                          like=like)
-            votes = xp.to_host(alg.binarise(u, self._keyed((seed, step, ctx.rank, alg.VOTE))))
+    def reduce(self, batch, scalars):
+        ctx, hier = batch.ctx, self.hierarchy()
+        with batch.phase("encode"):
+            like = batch.entries[0].moments[0]
+            u = xp.concat([alg.direction(m, v, self.eps) for m, v in
+                           (e.moments for e in batch.entries)], like=like)
+            votes = xp.to_host(alg.binarise(u, batch.key(self.seed, batch.step, ctx.rank,
+                                                         alg.VOTE)))
             votes = votes.astype(small_int_dtype(hier.local_size), copy=False)
 
         def encode(node_sum, shard):
-            key = self._keyed((seed, step, ctx.rank, alg.REBINARISE))
+            key = batch.key(self.seed, batch.step, ctx.rank, alg.REBINARISE)
             return pack_signs(alg.rebinarise(node_sum, shard.node_size, key))
 
         def combine(messages, shard):
@@ -112,17 +114,15 @@ class BinSGDM(BatchedCompressor):
             return alg.node_votes_total(bits, shard.node_size, small_int_dtype(ctx.size))
 
         before = hier.leg_stats()
-        with self._phase("comm"):
+        with batch.phase("comm"):
             total = hier.allreduce(votes, encode, combine, small_int_dtype(ctx.size))
         after = hier.leg_stats()
         self.last_legs = {k: after[k].since(before[k]) for k in after}
-        out = []
-        with self._phase("decode"):
+        out, off = [], 0
+        with batch.phase("decode"):
             mean = alg.mean_vote(total, ctx.size, like=like)
-            off = 0
-            for e in entries:
+            for e in batch.entries:
                 out.append(mean[off:off + e.numel])
-                self._memory[e.key] = e.scratch
+                batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
-

@@ -1,4 +1,6 @@
-"""LayerFusion in training: per-step bucket scheduling for ``BatchedCompressor`` (``fusion=``).
+"""LayerFusion in training: per-step bucket scheduling for a compressor's step engine
+(``fusion=``), through the engine's public API (``process``, ``end_step``, ``skip_step``,
+``abort_step``, ``context``) only.
 
 Contract (modes: 'step' = one batch per step, the historical behaviour, no scheduler;
 'auto' = LayerFusion; 'layerwise' = one bucket per tensor, for benchmarks):
@@ -8,16 +10,16 @@ Contract (modes: 'step' = one batch per step, the historical behaviour, no sched
   once a plan exists, marks the entry's bucket; a complete bucket wakes the worker.
 - One background thread per compressor processes the plan's buckets strictly in plan order,
   each as soon as all of its gradients have been compressed, through the compressor's usual
-  checked batch path (``_process(..., end_step=False)``), so every rank runs the same
+  checked batch path (``engine.process(..., end_step=False)``), so every rank runs the same
   collectives in the same order (only this thread issues hvdcomp collectives during a step).
 - ``finish_step()`` runs at the step's first ``decompress()``: it closes the step, waits for the
   worker, reduces the rest (tensors outside the plan, and buckets that did not complete) as one
-  final batch sorted by name, then ends the step: one ``_step`` increment, one ``last_stats``.
-  Whole-step semantics: the compressor's ``_memory`` dict is snapshotted at the step's first
-  compress (methods replace memory arrays, never mutate them, so a shallow copy suffices); if any
-  bucket meets NaN/Inf, an unsupported dtype or a rank mismatch (all detected collectively, so on
-  every rank at the same bucket), the memory is restored and the error raised on every rank from
-  ``decompress()``; with ``on_nonfinite='skip'`` the whole step returns zeros instead. An
+  final batch sorted by name, then ends the step (``engine.end_step``: one step counted, one
+  ``last_stats``, the state committed). Whole-step semantics: every bucket only stages its new
+  state in the state store (``hvdcomp.state``); if any bucket meets NaN/Inf, an unsupported dtype
+  or a rank mismatch (all detected collectively, so on every rank at the same bucket), the step
+  is aborted (``engine.abort_step``: the staged state dropped) and the error raised on every rank
+  from ``decompress()``; with ``on_nonfinite='skip'`` the whole step returns zeros instead. An
   exception in the worker is re-raised in the main thread; the worker never outlives its step.
 - Planning (collective, at the end of a step, same point on every rank): every rank's arrival
   times and timed bucket reductions (bytes, seconds) are all-gathered; rank 0 forms the agreed
@@ -39,15 +41,11 @@ import time
 import numpy as np
 
 from hvdcomp import fusion
+from hvdcomp.engine import SkipStep
 
 MODES = ("step", "auto", "layerwise")
 MAX_SAMPLES = 256
 log = logging.getLogger("hvdcomp.fusion")
-
-
-class SkipStep(Exception):
-    """Raised by ``_process(..., end_step=False)`` when the batch is to be skipped: the whole
-    step is skipped (``on_nonfinite='skip'``)."""
 
 
 class FusionPlan:
@@ -126,9 +124,9 @@ def make_plan(order, sizes, backward, samples, rule, cost=None):
 
 
 class Scheduler:
-    """LayerFusion for one compressor (see the module docstring)."""
+    """LayerFusion for one compressor's ``engine`` (see the module docstring)."""
 
-    def __init__(self, comp, mode, cost=None):
+    def __init__(self, engine, mode, cost=None):
         if mode not in MODES:
             raise ValueError(f"fusion must be one of {MODES}, got {mode!r}")
         if cost is not None:
@@ -137,7 +135,7 @@ class Scheduler:
                 raise ValueError(f"fusion_cost must be (latency >= 0 s, bandwidth > 0 B/s), "
                                  f"got {cost!r}")
             cost = (lat, bw)
-        self.comp, self.mode, self.cost = comp, mode, cost
+        self.engine, self.mode, self.cost = engine, mode, cost
         self.plan = None
         self.samples = []  # (reduction id, bytes, seconds) of timed reductions
         self.count = 0  # timed reductions so far (the same sequence on every rank)
@@ -149,7 +147,6 @@ class Scheduler:
     def _reset_step(self):
         self.open = False
         self.arrivals = []  # (name, time)
-        self.snapshot = None
         self.bucket_of = {}
         self.members = []  # per bucket: entries arrived so far
         self.done = []  # per bucket: processed by the worker
@@ -164,7 +161,6 @@ class Scheduler:
         with self._cv:
             if not self.open:
                 self.open = True
-                self.snapshot = (dict(self.comp._memory), self.comp._skipped)
                 if self.plan is not None:
                     self.bucket_of = {n: i for i, b in enumerate(self.plan.buckets) for n in b}
                     self.members = [[] for _ in self.plan.buckets]
@@ -217,7 +213,7 @@ class Scheduler:
     def _timed(self, entries):
         """Reduce one batch, recording ``(id, bytes at 4 per element, seconds)``."""
         t0 = time.perf_counter()
-        stats = self.comp._process(entries, end_step=False)
+        stats = self.engine.process(entries, end_step=False)
         self.count += 1
         self.step_samples.append((self.count, int(sum(4 * e.numel for e in entries)),
                                   time.perf_counter() - t0))
@@ -232,36 +228,26 @@ class Scheduler:
             self._cv.notify_all()
             while self.working:
                 self._cv.wait()
-        comp = self.comp
         processed = {id(e) for b, ms in enumerate(self.members) if self.done[b] for e in ms}
         rest = sorted((e for e in pending if id(e) not in processed), key=lambda e: e.key)
-        arrivals, snapshot = self.arrivals, self.snapshot
+        arrivals = self.arrivals
         try:
             if self.error is not None:
                 raise self.error
             if rest:
                 self._timed(rest)
         except SkipStep:
-            comp._memory, comp._skipped = snapshot[0], snapshot[1] + 1
-            comp._batch = 0
-            for e in pending:
-                comp._results[e.ticket] = (comp._zeros_for(e), e)
-                e.work = e.scratch = None
+            self.engine.skip_step(pending, self.step_stats)
             self._end(arrivals, pending, skipped=True)
             return
         except BaseException:
-            comp._memory, comp._skipped = snapshot
-            comp._batch = 0
-            for e in pending:
-                comp._results.pop(e.ticket, None)
-                e.work = e.scratch = None
+            self.engine.abort_step(pending)
             self._reset_step()
             raise
+        self.engine.end_step(self.step_stats)
         self._end(arrivals, pending, skipped=False)
 
     def _end(self, arrivals, pending, skipped):
-        comp = self.comp
-        comp._end_step(self.step_stats)
         samples, plan = self.step_samples, self.plan
         self._reset_step()
         if skipped:
@@ -277,8 +263,7 @@ class Scheduler:
         self._replan(arrivals, {e.key: 4 * e.numel for e in pending}, plan)
 
     def _replan(self, arrivals, size_of, old):
-        comp = self.comp
-        ctx = comp._context()
+        ctx = self.engine.context()
         mine = ([n for n, _ in arrivals], [t for _, t in arrivals], self.samples)
         rows = ctx.allgather_object(mine)
         new = None
@@ -296,7 +281,7 @@ class Scheduler:
             else:
                 rule = "dp"
             new = make_plan(order, sizes, backward, samples, rule, self.cost).as_dict()
-            log.info("%s: %s", comp.method, FusionPlan.from_dict(new).describe())
+            log.info("%s: %s", self.engine.method.method, FusionPlan.from_dict(new).describe())
         self.plan = FusionPlan.from_dict(ctx.bcast_object(new))
 
     # -- checkpoints ---------------------------------------------------------------------------

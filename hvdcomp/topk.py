@@ -29,16 +29,15 @@ every rank.
 ``bidirectional=False`` is unidirectional Top-K: no second selection, the aggregate is the sum of
 all sparse vectors (up to size * K entries: traffic grows with size on either path).
 """
-import numbers
-
 import numpy as np
 
+from hvdcomp import feedback, validate
 from hvdcomp.algorithms import topk as alg
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.comm.sparse import allgather_sets
 from hvdcomp.comm.tree import tree_broadcast, tree_reduce
-from hvdcomp.compressor import BatchedCompressor, DEFAULT_MIN_COMPRESS_NUMEL
+from hvdcomp.protocol import BatchedCompressor
 
 PATHS = ("tree", "allgather")
 SELECTIONS = ("approx", "exact")
@@ -98,73 +97,60 @@ class TopK(BatchedCompressor):
         path: 'tree' (default; traffic O(k log size)) or 'allgather' (the O(k size) baseline).
         selection: 'approx' (default: sampled threshold, count within +-50% of k_t guaranteed,
             see ``hvdcomp.backend.topk``) or 'exact'.
-        min_compress_numel: tensors with fewer elements (biases, norms) are summed uncompressed.
-        on_nonfinite: 'raise' (default) or 'skip' a step whose gradients hold NaN/Inf anywhere.
         seed: seed of the selection's samples (with the step and tensor: reproducible runs).
-        fusion, fusion_cost: LayerFusion bucketing, as for every hvdcomp compressor.
-        precondition: None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``: for
-            Adam users, see ``BatchedCompressor`` and the README ("With Adam").
+        min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
+            hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``).
     """
 
     method = "TopK"
     n_scalars = 0
 
     def __init__(self, ratio=None, *, k=None, bidirectional=True, path="tree",
-                 selection="approx", min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
-                 on_nonfinite="raise", seed=0, fusion=None, fusion_cost=None, precondition=None):
-        super().__init__(min_compress_numel=min_compress_numel, on_nonfinite=on_nonfinite,
-                         seed=seed, fusion=fusion, fusion_cost=fusion_cost,
-                         precondition=precondition)
+                 selection="approx", **common):
+        super().__init__(**common)
         if ratio is not None and k is not None:
             raise ValueError("TopK takes ratio= or k=, not both")
-        if k is not None:
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
-                raise ValueError(f"k must be an integer >= 1, got {k!r}")
-            k = int(k)
-        else:
-            ratio = 0.01 if ratio is None else ratio
-            if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) \
-                    or not 0.0 < float(ratio) <= 1.0:
-                raise ValueError(f"ratio must lie in (0, 1], got {ratio!r}")
-            ratio = float(ratio)
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-        if selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-        if not isinstance(bidirectional, bool):
-            raise ValueError(f"bidirectional must be True or False, got {bidirectional!r}")
-        self.ratio, self.k = ratio, k
-        self.bidirectional, self.path, self.selection = bidirectional, path, selection
+        self.k = None if k is None else validate.count("k", k, 1)
+        self.ratio = None if k is not None else validate.fraction(
+            "ratio", 0.01 if ratio is None else ratio)
+        self.bidirectional = validate.flag("bidirectional", bidirectional)
+        self.path = validate.choice("path", path, PATHS)
+        self.selection = validate.choice("selection", selection, SELECTIONS)
 
-    def _prepare(self, entries):
-        for e in entries:
-            e.scratch = alg.accumulate(e.work, self.memory_like(e.key, e.work))
-        return [[] for _ in entries]
+    def settings(self):
+        return {"ratio": self.ratio, "k": self.k, "bidirectional": self.bidirectional,
+                "path": self.path, "selection": self.selection}
 
-    def _reduce(self, entries, scalars):
-        ctx = self._context()
+    def prepare(self, batch):
+        for e in batch.entries:
+            feedback.compensate(batch, e)
+        return np.zeros((len(batch.entries), 0))
+
+    def reduce(self, batch, scalars):
+        entries, size = batch.entries, batch.ctx.size
         ks = [alg.target_count(e.numel, self.ratio, self.k) for e in entries]
         bounds = np.cumsum([0] + [e.numel for e in entries])
-        with self._phase("encode"):
-            msgs = [alg.select(e.scratch, k, self.selection,
-                               seed=self._keyed((self.seed, self._step, t)))
+        with batch.phase("encode"):
+            msgs = [alg.select(e.compensated, k, self.selection,
+                               seed=batch.key(self.seed, batch.step, t))
                     for t, (e, k) in enumerate(zip(entries, ks))]
             idx = np.concatenate([xp.to_host(m[0]) + off for m, off in zip(msgs, bounds)])
             val = np.concatenate([xp.to_host(m[1]) for m in msgs])
-        with self._phase("comm"):
-            gidx, gsum = exchange(ctx, (idx, val), bounds, ks, self.path, self.bidirectional)
+        with batch.phase("comm"):
+            gidx, gsum = exchange(batch.ctx, (idx, val), bounds, ks, self.path,
+                                  self.bidirectional)
         out = []
-        with self._phase("decode"):
+        with batch.phase("decode"):
             won = alg.won(idx, gidx) if self.bidirectional else np.ones(idx.size, dtype=bool)
             cut_g, cut_s = np.searchsorted(gidx, bounds), np.searchsorted(idx, bounds)
             for t, e in enumerate(entries):
-                off, a = bounds[t], e.scratch
+                off, a = bounds[t], e.compensated
                 gsl, ssl = slice(cut_g[t], cut_g[t + 1]), slice(cut_s[t], cut_s[t + 1])
                 step = xp.zeros_like(a)
-                step[xp.from_host(gidx[gsl] - off, a)] = xp.from_host(gsum[gsl] / ctx.size, a)
+                step[xp.from_host(gidx[gsl] - off, a)] = xp.from_host(gsum[gsl] / size, a)
                 sent_won = idx[ssl][won[ssl]] - off
-                # a = e.work + memory is a temporary; a = e.work may be the user's gradient
-                self._memory[e.key] = alg.new_memory(a, xp.from_host(sent_won, a),
-                                                     copy=a is e.work)
+                # an unowned ``a`` is the working gradient (maybe the user's): copied
+                feedback.keep(batch, e, alg.new_memory(a, xp.from_host(sent_won, a),
+                                                       copy=not e.owned))
                 out.append(step)
         return out

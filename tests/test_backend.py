@@ -73,7 +73,7 @@ def test_marsit_compensation_arithmetic():
     assert alg.l1_scale(p) == pytest.approx(3.6 / 4)
     signs = alg.decode(alg.encode(p), 4)
     assert list(signs) == [1, -1, -1, 1]
-    assert np.allclose(alg.local_memory(p, 0.5), p - 0.5 * signs)
+    assert np.allclose(p - alg.own_message(p, 0.5), p - 0.5 * signs)
     p_before = p.copy()
     step, mem = alg.apply(signs.copy(), 0.9, p)
     assert np.allclose(step, [0.9, -0.9, -0.9, 0.9])
@@ -109,7 +109,7 @@ def test_marsit_memory_blends_global_and_local_error(variant):
         assert (mem is work) == p_is_scratch
         assert np.allclose(mem, p - (1 - a) * 0.9 * merged - a * 0.5 * signs, atol=1e-7)
     if a == 1.0:
-        assert np.allclose(mem, alg.local_memory(p, 0.5))
+        assert np.allclose(mem, p - alg.own_message(p, 0.5))
 
 
 def test_rms_precondition_is_adams_normaliser():

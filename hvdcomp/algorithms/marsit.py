@@ -93,12 +93,6 @@ def own_message(p, own_scale, out=None):
     return xp.signed_constant(p, own_scale, xp.empty_like(p) if out is None else out)
 
 
-def local_memory(p, own_scale):
-    """The 'local' variant's memory ``e = p - own_scale * sign(p)``: the error of this rank's
-    own 1-bit message."""
-    return p - own_message(p, own_scale)
-
-
 class MarsitMerge:
     """The per-hop combine of the ring reduce-scatter for packed sign bits.
 

@@ -50,12 +50,11 @@ def concat(arrays, like):
     return np.concatenate(list(arrays))
 
 
-def as_float(x, dtype="float32"):
-    """``x`` as a flat array of a floating working dtype ('float32' or 'float64')."""
-    if is_torch(x):
-        torch = _torch()
-        return x.reshape(-1).to(getattr(torch, dtype))
-    return np.asarray(x).reshape(-1).astype(dtype, copy=False)
+def add(a, b, out):
+    """``out = a + b`` (elementwise, same kind, shape and dtype); returns ``out``."""
+    if is_torch(out):
+        return _torch().add(a, b, out=out)
+    return np.add(a, b, out=out)
 
 
 def abs_sum(x):
@@ -86,12 +85,6 @@ def zeros_like(x):
     if is_torch(x):
         return _torch().zeros_like(x)
     return np.zeros_like(x)
-
-
-def clone(x):
-    if is_torch(x):
-        return x.detach().clone()
-    return np.array(x, copy=True)
 
 
 def empty_like(x):

@@ -112,19 +112,19 @@ for m, make in METHODS.items():
         out["adam.nan_error"] = error_of(
             lambda: hvd.allreduce(g, name="adam.nan", compression=comp),
             hvdcomp.NonFiniteGradientError)
-        out["adam.t_after"] = int(comp.state_dict()["memory"]["adam.nan#adam"][0])
+        out["adam.t_after"] = int(comp.state_dict()["state"]["adam.nan#adam"][0])
     # sparse gradients: Horovod reduces them itself (uncompressed); the dense one is compressed
     comp = make()
     emb_c, w_c = sparse_run(comp, False, f"{m}.sp")
     emb_n, w_n = sparse_run(hvd.Compression.none, False, f"{m}.spn")
     out[f"{m}.sparse_same"] = torch.equal(emb_c, emb_n)
-    out[f"{m}.sparse_dense_compressed"] = [sorted(comp.state_dict()["memory"]),
+    out[f"{m}.sparse_dense_compressed"] = [sorted(comp.state_dict()["state"]),
                                            comp.last_stats.compressed_elements]
     out[f"{m}.sparse_identical"] = len(set(hvd.allgather_object(
         (emb_c.numpy().tobytes(), w_c.numpy().tobytes())))) == 1
     comp = make()
     emb_d, w_d = sparse_run(comp, True, f"{m}.spd")
-    out[f"{m}.dense_compressed"] = [sorted(comp.state_dict()["memory"]),
+    out[f"{m}.dense_compressed"] = [sorted(comp.state_dict()["state"]),
                                     comp.last_stats.compressed_elements]
     out[f"{m}.dense_identical"] = len(set(hvd.allgather_object(
         (emb_d.numpy().tobytes(), w_d.numpy().tobytes())))) == 1

@@ -45,8 +45,8 @@ def run_steps(model, opt, start, stop, nan_at=None, nan_rank=1):
 
 
 def same_state(a, b):
-    return (a["step"] == b["step"] and sorted(a["memory"]) == sorted(b["memory"])
-            and all(np.array_equal(a["memory"][k], b["memory"][k]) for k in a["memory"]))
+    return (a["step"] == b["step"] and sorted(a["state"]) == sorted(b["state"])
+            and all(np.array_equal(a["state"][k], b["state"][k]) for k in a["state"]))
 
 
 comp = hvdcomp.Marsit(fusion="layerwise")
@@ -84,17 +84,17 @@ out["skip_then_finite"] = all(torch.isfinite(p).all().item() for p in model.para
 comp = hvdcomp.Marsit(fusion="layerwise")
 model, opt = build(comp)
 run_steps(model, opt, 0, 3)
-before, reduce_bucket, threads = comp.state_dict(), comp._reduce, []
+before, reduce_bucket, threads = comp.state_dict(), comp.reduce, []
 
 
-def failing(entries, scalars):
-    if any(e.key == "2.weight" for e in entries):
+def failing(batch, scalars):
+    if any(e.key == "2.weight" for e in batch.entries):
         threads.append(threading.current_thread().name)
         raise RuntimeError("injected failure in the 2.weight bucket")
-    return reduce_bucket(entries, scalars)
+    return reduce_bucket(batch, scalars)
 
 
-comp._reduce = failing
+comp.reduce = failing
 try:
     run_steps(model, opt, 3, 4)
     out["worker_error"] = None

@@ -26,4 +26,4 @@ acc, loss = evaluate(model, xte, yte)
 report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
        plans=plans, plan=comp.fusion_plan, describe=comp.describe_fusion(),
        step=comp.state_dict()["step"], stats=comp.total_stats.as_dict(),
-       memory_keys=sorted(comp.state_dict()["memory"]))
+       memory_keys=sorted(comp.state_dict()["state"]))

@@ -43,8 +43,8 @@ try:
 except hvdcomp.NonFiniteGradientError as exc:
     out["nan_error"] = str(exc)
 after = comp.state_dict()
-out["memory_unchanged"] = all(np.array_equal(before["memory"][k], after["memory"][k])
-                              for k in before["memory"]) and before["step"] == after["step"]
+out["memory_unchanged"] = all(np.array_equal(before["state"][k], after["state"][k])
+                              for k in before["state"]) and before["step"] == after["step"]
 
 # NaN, opt-in skip: the step is skipped (zero gradients) on every rank, nothing diverges.
 model = make_model(hidden=64)

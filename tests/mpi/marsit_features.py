@@ -45,11 +45,11 @@ for step in range(12):
     torch.nn.functional.cross_entropy(model(xb, use_aux), yb).backward()
     opt.step()
     ok += identical_across_ranks(model)
-keys = sorted(comp.state_dict()["memory"])
+keys = sorted(comp.state_dict()["state"])
 checks["unused_params_identical_steps"] = ok
 checks["memory_keys"] = keys
 checks["memory_shapes_match"] = all(
-    comp.state_dict()["memory"][k].size == dict(model.named_parameters())[k].numel() for k in keys)
+    comp.state_dict()["state"][k].size == dict(model.named_parameters())[k].numel() for k in keys)
 
 # 3: backward_passes_per_step=2 (gradients accumulated locally, one compressed exchange).
 model2 = make_model(hidden=64)
@@ -90,8 +90,8 @@ for step in range(5):
     ob.step()
     ok += identical_across_ranks(ma) and identical_across_ranks(mb)
 checks["two_opt_identical_steps"] = ok
-checks["two_opt_keys_apart"] = (all(k.startswith("a.") for k in ca.state_dict()["memory"]) and
-                                all(k.startswith("b.") for k in cb.state_dict()["memory"]))
+checks["two_opt_keys_apart"] = (all(k.startswith("a.") for k in ca.state_dict()["state"]) and
+                                all(k.startswith("b.") for k in cb.state_dict()["state"]))
 
 # 5: the bare class shared by two optimizers whose names collide: a clear error, not a mix-up.
 mc, md = make_model(hidden=64), make_model(hidden=64)

@@ -30,7 +30,7 @@ buf = io.BytesIO()  # through torch.save/torch.load, as a user's checkpoint file
 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "comp": comp_state}, buf)
 identical += train(model, opt, xtr, ytr, N, N + M)
 uninterrupted = digest(model)
-memory = comp.state_dict()["memory"]
+memory = comp.state_dict()["state"]
 norm = float(sum(float(sum(abs(torch.as_tensor(a)).sum() for a in (v if isinstance(v, tuple) else (v,))))
                  for v in memory.values()))
 

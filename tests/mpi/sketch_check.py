@@ -56,7 +56,7 @@ for step in range(4):
     ref[idx] = np.sum([x[idx] for x in a], axis=0) / size
     matches.append(float(np.abs(out - ref).max()))
     memories = [alg.apply(x, idx, np.zeros(k), size)[1] for x in a]
-    mem = comp.state_dict()["memory"]["w"]
+    mem = comp.state_dict()["state"]["w"]
     conserved.append(float(np.abs(np.sum(memories, axis=0) + size * ref - np.sum(a, axis=0)).max()))
     matches.append(float(np.abs(mem - memories[rank]).max()))
     if step == 0:  # memories are empty: the 50 planted coordinates must all be selected

@@ -85,4 +85,4 @@ def resumed(state):
 
 report(rank=rank, same=resumed(comp_state) == uninterrupted,
        fresh_differs=resumed(make().state_dict()) != uninterrupted,
-       keys=sorted(comp_state["memory"]), step=comp_state["step"])
+       keys=sorted(comp_state["state"]), step=comp_state["step"])

@@ -87,7 +87,7 @@ for epoch in range(epochs):
 logits = model(xte)
 out["tape_steps"], out["tape_identical"] = steps, ok
 out["tape_acc"] = float(np.mean(np.argmax(logits.numpy(), 1) == yte))
-out["tape_keys"] = sorted(comp.state_dict()["memory"])
+out["tape_keys"] = sorted(comp.state_dict()["state"])
 
 # 3. Keras model.fit with hvd.keras DistributedOptimizer.
 tf.keras.utils.set_random_seed(0)

@@ -36,7 +36,7 @@ def run_step(comp, step):
 
 
 def memories(comp):
-    mem = comp.state_dict()["memory"]
+    mem = comp.state_dict()["state"]
     return [mem.get(f"@{t:06d}", np.zeros(n, np.float32)) for t, n in enumerate(SIZES[:2])]
 
 

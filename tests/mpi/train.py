@@ -25,4 +25,4 @@ if getattr(comp, "last_legs", None):  # hierarchical methods: bytes per leg of t
                  layout=comp.hierarchy().describe(), elements=comp.last_stats.elements)
 report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
        stats=comp.total_stats.as_dict() if comp else None,
-       memory_keys=sorted(comp.state_dict()["memory"]) if comp else None, **extra)
+       memory_keys=sorted(comp.state_dict()["state"]) if comp else None, **extra)

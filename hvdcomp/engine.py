@@ -1,0 +1,233 @@
+"""The step engine: how one batch of gradients is reduced, the same way on every rank.
+
+``StepEngine.process(entries)`` runs, for a batch sorted identically on every rank:
+
+1. agree: the ranks hold the same (name, shape, dtype) list (``checks.agree``);
+2. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
+   ``min_compress_numel`` elements, or a preconditioner's warm-up) or compressed, decided from
+   what every rank agrees on, before the finite check, so a NaN on one rank cannot change the
+   split; then each tensor's status (``checks.OK``/``NONFINITE``/``UNSUPPORTED``);
+3. prepare: the preconditioner's ``before`` and the method's ``prepare`` (local work and the
+   per-tensor scalars, nothing communicated, no state committed);
+4. gather scalars: one all-gather of every tensor's status and the method's scalars;
+5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
+6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float ring
+   all-reduce for the dense ones; the preconditioner's ``after``;
+7. land: the results are kept for ``decompress`` (``results``: ticket -> (flat array, entry));
+   at the end of the step the state store commits (or rolls back a skipped or failed step).
+
+A step is one batch, or several (LayerFusion buckets, ``hvdcomp.bucketing``): the scheduler then
+calls ``process(..., end_step=False)`` per bucket and ends the step itself with ``end_step``,
+``skip_step`` or ``abort_step``.
+"""
+import time
+
+import numpy as np
+
+from hvdcomp import checks
+from hvdcomp.backend import xp
+from hvdcomp.comm import ring_allreduce
+from hvdcomp.stats import StepStats
+
+
+class SkipStep(Exception):
+    """Raised by ``process(..., end_step=False)`` when the batch is to be skipped
+    (``on_nonfinite='skip'``): the caller skips the whole step."""
+
+
+class Ticket:
+    """The ``ctx`` Horovod hands back to ``decompress``."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+
+class Entry:
+    """One gradient of the current batch.
+
+    ``work``: the flat float32 working array (for every input dtype), a NumPy array for host
+    data or a torch tensor on the gradient's device (None for an unsupported dtype); the
+    preconditioner may replace it by what it sends. ``compensated``/``owned``: the
+    error-compensated vector and whether it is a buffer the method may overwrite
+    (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v); ``own_scale``: Marsit's scale.
+    """
+    __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
+                 "numel", "status", "dense", "compensated", "owned", "moments", "own_scale")
+
+    def __init__(self, key, tensor, adapter):
+        self.key, self.ticket, self.adapter = key, Ticket(key), adapter
+        self.shape, self.dtype, self.device = adapter.meta(tensor)
+        self.dtype_name = adapter.describe_dtype(tensor)
+        self.numel = int(np.prod(self.shape, dtype=np.int64))
+        self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
+        self.work = adapter.working(tensor, "float32") if self.status == checks.OK else None
+        self.dense = False
+        self.compensated = self.owned = self.moments = self.own_scale = None
+
+    def release(self):
+        """Drop the step's arrays (the result is kept elsewhere)."""
+        self.work = self.compensated = self.moments = None
+
+
+class Batch:
+    """What a method sees of one batch: ``entries`` (its compressed tensors, sorted by name),
+    ``ctx`` (the ``CommContext``), ``store`` (the ``StateStore``), ``step`` (steps completed
+    before this one), ``index`` (the batch within the step: LayerFusion buckets) and ``phase``
+    (a timer: ``with batch.phase('encode'): ...``)."""
+
+    def __init__(self, engine, ctx, entries):
+        self.entries, self.ctx, self.store = entries, ctx, engine.store
+        self.step, self.index, self.phase = engine.step, engine.batch, engine.phase
+
+    def key(self, *parts):
+        """A random-stream key: ``parts`` (ints, e.g. seed, step, rank, chunk), extended by the
+        batch index when it is > 0, so that the buckets of one step draw independent
+        randomness while one-batch steps keep their keys."""
+        return tuple(parts) + ((self.index,) if self.index else ())
+
+
+class StepEngine:
+    """Reduces batches for one compressor ``method`` (which provides ``method`` (its name),
+    ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with ``preconditioner``
+    (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``) and ``store`` (a ``StateStore``)."""
+
+    def __init__(self, method, store, preconditioner, min_compress_numel, on_nonfinite):
+        self.method, self.store, self.pre = method, store, preconditioner
+        self.min_compress_numel, self.on_nonfinite = min_compress_numel, on_nonfinite
+        self.step = 0  # completed steps
+        self.batch = 0  # index of the next batch within the step
+        self.skipped = 0
+        self.results = {}  # ticket -> (flat result, entry)
+        self.phases = {}
+        self.last_stats, self.total_stats = None, StepStats()
+
+    def phase(self, name):
+        """A ``with`` block whose wall time is added to this batch's ``phases[name]``."""
+        return _Phase(self.phases, name)
+
+    def context(self):
+        return checks.context(self.method.method)
+
+    def process(self, entries, end_step=True):
+        """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
+        ``end_step=False`` (one bucket of a step) the step is not ended and a batch to skip
+        raises ``SkipStep``. Returns the batch's ``StepStats``."""
+        ctx = self.context()
+        before, t0 = ctx.stats.snapshot(), time.perf_counter()
+        self.phases = {}
+        try:
+            outputs, big = self._reduce_batch(ctx, entries, end_step)
+        except BaseException:
+            if end_step:
+                self.abort_step(entries)
+            raise
+        for e, out in zip(entries, outputs):
+            self.results[e.ticket] = (out, e)
+            e.release()
+        moved = ctx.stats.since(before)
+        stats = StepStats.of_step(
+            step=self.step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
+            compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
+            bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases)
+        if end_step:
+            self.end_step([stats])
+        else:
+            self.batch += 1
+        return stats
+
+    def _reduce_batch(self, ctx, entries, end_step):
+        """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
+        name = self.method.method
+        checks.agree(ctx, entries, name, self.step)
+        for e in entries:
+            e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
+                       or self.pre.makes_dense(e, self.store))
+            if e.status == checks.OK and not xp.all_finite(e.work):
+                e.status = checks.NONFINITE
+        big = [e for e in entries if not e.dense]
+        small = [e for e in entries if e.dense]
+        n = self.method.n_scalars
+        with self.phase("encode"):
+            self.pre.before([e for e in entries if e.status == checks.OK], self.store)
+            scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
+                                 else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
+        gathered = ctx.allgather_array(
+            np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
+        statuses = gathered[:, :len(entries)].astype(np.int64)
+        if checks.verdict(entries, statuses, name, self.step, self.on_nonfinite):
+            if not end_step:
+                raise SkipStep()
+            self.store.rollback()
+            self.skipped += 1
+            return [xp.zeros_like(e.work) if e.work is not None else None for e in entries], big
+        all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
+        reduced = dict(zip((e.key for e in big),
+                           self.method.reduce(Batch(self, ctx, big), all_scalars) if big else []))
+        reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
+        self.pre.after(entries, reduced, self.store, self.phase)
+        return [reduced[e.key] for e in entries], big
+
+    def end_step(self, batch_stats):
+        """End a step reduced in one or several batches: commit the state, count one step,
+        set ``last_stats``."""
+        self.store.commit()
+        self.batch = 0
+        self.step += 1
+        step = StepStats(steps=1, step=self.step, ranks=self.context().size)
+        for s in batch_stats:
+            step.add(s)
+        step.steps, step.step = 1, self.step
+        self.last_stats = step
+        self.total_stats.add(step)
+
+    def skip_step(self, entries, batch_stats):
+        """End a step skipped for NaN/Inf (``on_nonfinite='skip'``): the state is rolled back
+        and every entry's result is zeros."""
+        self.store.rollback()
+        self.skipped += 1
+        for e in entries:
+            done = self.results.get(e.ticket)
+            like = done[0] if done is not None else e.work
+            self.results[e.ticket] = (xp.zeros_like(like) if like is not None else None, e)
+            e.release()
+        self.end_step(batch_stats)
+
+    def abort_step(self, entries):
+        """Forget a step that raised: the state is rolled back, no result is kept."""
+        self.store.rollback()
+        self.batch = 0
+        for e in entries:
+            self.results.pop(e.ticket, None)
+            e.release()
+
+
+def reduce_dense(ctx, entries, phase):
+    """Mean over ranks of ``entries``' working arrays, fused and summed uncompressed (float32, or
+    float64 when any of them is float64) by one ring all-reduce."""
+    if not entries:
+        return []
+    wide = any("float64" in e.dtype_name for e in entries)
+    host = [np.asarray(xp.to_host(e.work), dtype=np.float64 if wide else np.float32)
+            for e in entries]
+    with phase("comm"):
+        buf = ring_allreduce(ctx, np.concatenate(host))
+    buf /= ctx.size
+    out, off = [], 0
+    for e in entries:
+        out.append(xp.from_host(buf[off:off + e.numel], e.work))
+        off += e.numel
+    return out
+
+
+class _Phase:
+    """Adds the wall time of a ``with`` block to ``phases[name]``."""
+
+    def __init__(self, phases, name):
+        self.phases, self.name = phases, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.phases[self.name] = self.phases.get(self.name, 0.0) + time.perf_counter() - self.t0

@@ -1,0 +1,278 @@
+"""The Horovod ``Compressor`` protocol for methods whose reduction Horovod's sum cannot do.
+
+How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``hvd.allreduce``):
+
+1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
+   returns a 1-element placeholder (value 1) that Horovod all-reduces in place of the gradient.
+   No MPI happens here, so it is safe in autograd hooks.
+2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
+   last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,
+   prepare, gather scalars, check, reduce or dense, land), sorted by name, so the order of
+   hvdcomp's own collectives is the same on every rank by construction.
+3. ``decompress`` returns the mean over ranks, multiplied by the Horovod placeholder's reduced
+   value (1 for ``op=Average``, size for ``op=Sum``), shaped and typed like the gradient.
+
+With LayerFusion (``fusion='auto'``/``'layerwise'``, ``hvdcomp.bucketing``) the step is reduced
+in buckets by a background thread while the backward pass runs; errors keep whole-step
+semantics. Graph front ends (TensorFlow) call ``reduce_now`` per tensor and step instead.
+
+A method subclasses ``BatchedCompressor`` and provides ``method`` (its name), ``n_scalars``,
+``settings()``, ``prepare(batch)`` and ``reduce(batch, scalars)`` (see ``hvdcomp.engine.Batch``
+for what a batch holds). Its per-tensor state lives in ``self.store`` (``hvdcomp.state``); error
+feedback (``hvdcomp.feedback``) and preconditioning (``hvdcomp.preconditioning``) are composed,
+not inherited. The class itself can be passed as ``compression=``: its methods then act on one
+default instance per class (``Cls.default()``).
+"""
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from hvdcomp import bucketing, checks, preconditioning, state, validate
+from hvdcomp.engine import Entry, StepEngine
+from hvdcomp.errors import HvdcompError
+from hvdcomp.frontends import adapter_for
+
+DEFAULT_MIN_COMPRESS_NUMEL = 1024
+# The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
+DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
+
+
+class default_instance:
+    """Method decorator: called on the class, act on ``cls.default()``; on an instance, as usual."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, cls):
+        return self.fn.__get__(cls.default() if obj is None else obj, cls)
+
+
+class BatchedCompressor:
+    """Base of hvdcomp's compressors (see the module docstring for the protocol).
+
+    Common args (every method takes them as keywords, BinSGDM all but the last two):
+    ``on_nonfinite`` ('raise'/'skip'); ``seed`` (int >= 0); ``fusion``: 'step' (one batch per
+    step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or 'layerwise' (one bucket per tensor, for
+    comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s, bandwidth
+    B/s)`` of one bucket's reduction for 'auto' (default: measured); ``min_compress_numel``:
+    tensors with fewer elements are summed uncompressed; ``precondition``: None (default),
+    'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
+    """
+
+    method = "base"
+    n_scalars = 0
+
+    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
+                 seed=0, fusion=None, fusion_cost=None, precondition=None):
+        self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
+        self.seed = validate.count("seed", seed)
+        self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, ("raise", "skip"))
+        self.preconditioner = preconditioning.make(precondition)
+        self.store = state.StateStore()
+        self.engine = StepEngine(self, self.store, self.preconditioner, self.min_compress_numel,
+                                 self.on_nonfinite)
+        self._pending = []
+        self._owners = {}  # key -> weakref to the parameter whose state is stored under key
+        self._lock = threading.Lock()
+        mode = validate.choice("fusion", DEFAULT_FUSION if fusion is None else fusion,
+                               bucketing.MODES)
+        if mode != "auto" and fusion_cost is not None:
+            raise ValueError(f"fusion_cost applies to fusion='auto' only (fusion={mode!r})")
+        self._fusion = None if mode == "step" else bucketing.Scheduler(self.engine, mode,
+                                                                       fusion_cost)
+
+    # -- what a method provides ----------------------------------------------------------------
+    def settings(self):
+        """The method's own settings (a dict of plain values; constructor arguments)."""
+        return {}
+
+    def prepare(self, batch):
+        """Local work before anything is communicated: float64 array-like of shape
+        ``(len(batch.entries), n_scalars)``. Stages no state."""
+        raise NotImplementedError
+
+    def reduce(self, batch, scalars):
+        """The mean over ranks of each entry (flat, on the entry's device), in entry order;
+        ``scalars``: every rank's, shape ``(size, len(batch.entries), n_scalars)``. Stages the
+        new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
+        raise NotImplementedError
+
+    # -- class used bare: one default instance per class -------------------------------------
+    @classmethod
+    def default(cls):
+        """The instance that ``Cls.compress``/``Cls.decompress`` use when the class is passed."""
+        inst = cls.__dict__.get("_default")
+        if inst is None:
+            inst = cls()
+            setattr(cls, "_default", inst)
+        return inst
+
+    # -- the Horovod Compressor protocol ------------------------------------------------------
+    @default_instance
+    def compress(self, tensor):
+        """Record ``tensor`` for this step's batch; return (1-element placeholder, ctx)."""
+        adapter = adapter_for(tensor)
+        name, owner = adapter.tensor_identity(tensor)
+        if getattr(adapter, "DEFERRED", False):
+            # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter builds,
+            # in decompress(), a per-step op that calls reduce_now() with the gradient's value.
+            with self._lock:
+                if name is not None:
+                    self._check_owner(name, owner)
+            return adapter.placeholder(tensor), adapter.Deferred(self, name, tensor)
+        with self._lock:
+            key = name if name is not None else f"@{len(self._pending):06d}"
+            self._check_owner(key, owner)
+            if any(e.key == key for e in self._pending):
+                raise HvdcompError(
+                    f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
+                    "several optimizers share a compressor, give each its own instance, e.g. "
+                    f"compression=hvdcomp.{type(self).__name__}().")
+            entry = Entry(key, tensor, adapter)
+            self._pending.append(entry)
+            if self._fusion is not None:
+                self._fusion.arrived(entry)
+        return adapter.placeholder(tensor), entry.ticket
+
+    def _check_owner(self, key, owner):
+        """State is keyed by name: refuse a second parameter under a name already in use (two
+        optimizers sharing one compressor whose models use the same parameter names)."""
+        if owner is None:
+            return
+        known = self._owners.get(key)
+        if known is not None and known() is not None and known() is not owner:
+            raise HvdcompError(
+                f"{self.method}: two different parameters are both named {key!r} in one "
+                "compressor, so their state would mix. When several optimizers share a "
+                "compressor, give each its own instance: compression="
+                f"hvdcomp.{type(self).__name__}().")
+        self._owners[key] = weakref.ref(owner)
+
+    @default_instance
+    def decompress(self, output, ctx):
+        """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step)."""
+        if getattr(ctx, "DEFERRED", False):
+            return ctx.build(output)
+        if ctx is None and getattr(output, "is_sparse", False) is True:
+            # A sparse torch gradient (e.g. nn.Embedding(sparse=True)) without sparse_as_dense:
+            # horovod.torch reduced it itself (uncompressed all-gather of indices and values,
+            # already averaged) without calling compress(); it hands us the result, ctx None.
+            return output
+        with self._lock:
+            if any(e.ticket is ctx for e in self._pending):
+                self._flush()
+            elif ctx not in self.engine.results:
+                raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
+            flat, entry = self.engine.results.pop(ctx)
+        factor = checks.reduction_factor(self.engine.context(), entry.adapter.scalar(output),
+                                         entry.key, self.method)
+        if factor != 1:
+            flat = flat * factor
+        return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)
+
+    def _flush(self):
+        entries, self._pending = self._pending, []
+        if self._fusion is not None:
+            self._fusion.finish_step(entries)
+        else:
+            self.engine.process(sorted(entries, key=lambda e: e.key))
+
+    def reduce_now(self, key, array, reduced_placeholder):
+        """Reduce one host array (NumPy) across ranks right now and return the result like
+        ``decompress`` would: the per-step entry point of graph front ends. Every rank must call
+        it for the same keys in the same order (the TensorFlow adapter chains its ops so)."""
+        from hvdcomp.backend import xp
+        from hvdcomp.frontends import numpy as np_adapter
+        with self._lock:
+            entry = Entry(key, array, np_adapter)
+            self.engine.process([entry])
+            flat, _ = self.engine.results.pop(entry.ticket)
+        factor = checks.reduction_factor(
+            self.engine.context(), float(np.asarray(reduced_placeholder).reshape(-1)[0]), key,
+            self.method)
+        out = xp.to_host(flat) * factor if factor != 1 else xp.to_host(flat)
+        return np.asarray(out, dtype=array.dtype).reshape(array.shape)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    @default_instance
+    def state_dict(self, all_ranks=False):
+        """This rank's state (format 2, ``hvdcomp.state``), or with ``all_ranks=True`` every
+        rank's, gathered on every rank (a collective: call it on all ranks; rank 0 can then
+        save one file that restores every rank)."""
+        ctx = self.engine.context()
+        local = {"format": state.FORMAT, "method": self.method, "settings": self.settings(),
+                 "rank": ctx.rank, "size": ctx.size, "step": self.engine.step,
+                 "seed": self.seed, "skipped": self.engine.skipped, "state": self.store.to_host()}
+        if self._fusion is not None:
+            local["fusion"] = self._fusion.state()
+        if not all_ranks:
+            return local
+        return {"method": self.method, "format": state.FORMAT, "size": ctx.size,
+                "ranks": ctx.allgather_object(local)}
+
+    @default_instance
+    def load_state_dict(self, checkpoint):
+        """Restore what ``state_dict()`` returned (this rank's, or the all-ranks form; formats 1
+        and 2)."""
+        ctx = self.engine.context()
+        if checkpoint.get("method") != self.method:
+            raise HvdcompError(f"{self.method}: checkpoint holds {checkpoint.get('method')!r} state")
+        if checkpoint.get("size") != ctx.size:
+            raise HvdcompError(
+                f"{self.method}: checkpoint was written by {checkpoint.get('size')} ranks, this "
+                f"job has {ctx.size}; per-rank compressor memory cannot be re-split")
+        if "ranks" in checkpoint:
+            checkpoint = checkpoint["ranks"][ctx.rank]
+        if checkpoint.get("rank") != ctx.rank:
+            raise HvdcompError(f"{self.method}: rank {ctx.rank} was given rank "
+                               f"{checkpoint.get('rank')}'s state")
+        values = state.read(checkpoint)
+        with self._lock:
+            if self._pending:
+                raise HvdcompError(f"{self.method}: load_state_dict() in the middle of a step")
+            self.engine.step, self.seed = int(checkpoint["step"]), int(checkpoint["seed"])
+            self.engine.skipped = int(checkpoint.get("skipped", 0))
+            self.store.load(values)
+            if self._fusion is not None:
+                self._fusion.load(checkpoint.get("fusion"))
+
+    # -- what a step did, and LayerFusion ------------------------------------------------------
+    @property
+    def last_stats(self):
+        """``StepStats`` of the last step (None before the first)."""
+        return self.engine.last_stats
+
+    @property
+    def total_stats(self):
+        """``StepStats`` summed over every step so far."""
+        return self.engine.total_stats
+
+    @property
+    def precondition(self):
+        """None, 'rms' or 'adam'."""
+        return self.preconditioner.name
+
+    @property
+    def adam(self):
+        """The ``AdamSettings`` of precondition='adam', else None."""
+        return self.preconditioner.adam
+
+    @property
+    def fusion_plan(self):
+        """The LayerFusion plan in use (dict: 'buckets' (lists of tensor names, in processing
+        order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or
+        ``fusion='step'``)."""
+        plan = self._fusion.plan if self._fusion is not None else None
+        return None if plan is None else plan.as_dict()
+
+    @default_instance
+    def describe_fusion(self):
+        """One line describing the buckets in use (on a bare class: its default instance's)."""
+        if self._fusion is None:
+            return f"{self.method}: fusion='step' (one batch per step)"
+        if self._fusion.plan is None:
+            return f"{self.method}: fusion='{self._fusion.mode}', no plan yet (first step: one batch)"
+        return f"{self.method}: {self._fusion.plan.describe()}"

@@ -1,0 +1,124 @@
+"""Per-tensor state of one compressor: a transactional store, and its checkpoint format.
+
+State is keyed by tensor name: ``'<name>'`` holds the method's state (an error-feedback memory,
+BinSGDM's ``(m, v)``), ``'<name>#rms'`` / ``'<name>#adam'`` the preconditioner's. Values are
+arrays (NumPy, or torch tensors on the gradient's device) or tuples of arrays and ints.
+
+Whole steps are transactions: a step ``put``s new values, which ``get`` does not see until
+``commit()``; ``rollback()`` drops them, so a step that raises (NaN, rank mismatch) or is
+skipped leaves the state exactly as before, at no cost (nothing is copied). A value replaced at
+``commit()`` is not freed but kept as that key's *spare*: ``spare(key, like)`` hands it out as
+the buffer to write the next step's value into, so a steady-state step writes its new state into
+buffers kept across steps instead of allocating (the committed value is never handed out as a
+spare, so a rollback still finds it intact). ``scratch(key, like)`` is a work buffer that is not
+state at all (never saved).
+
+Checkpoints (``hvdcomp.protocol.BatchedCompressor.state_dict``), format 2::
+
+    {"format": 2, "method": "Marsit", "settings": {...}, "rank": r, "size": n, "step": s,
+     "seed": seed, "skipped": k, "state": {key: NumPy value}, "fusion": {...} (LayerFusion only)}
+
+Format 1 (hvdcomp 0.1.0 before this layout) named ``"state"`` ``"memory"`` and had no
+``"settings"``; ``read`` accepts both.
+"""
+from hvdcomp.backend import xp
+
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
+
+
+class StateStore:
+    """Transactional per-tensor state (see the module docstring)."""
+
+    def __init__(self):
+        self._committed = {}
+        self._staged = {}
+        self._spares = {}
+        self._scratch = {}
+
+    def get(self, key, like=None):
+        """The committed value for ``key`` (None if none), moved to ``like``'s kind and device
+        when given (the moved value is kept, so the move happens once)."""
+        value = self._committed.get(key)
+        if value is None or like is None:
+            return value
+        moved = (tuple(_to_kind(v, like) for v in value) if isinstance(value, tuple)
+                 else _to_kind(value, like))
+        self._committed[key] = moved
+        return moved
+
+    def put(self, key, value):
+        """Stage ``value`` as ``key``'s new state; visible to ``get`` after ``commit()``."""
+        self._staged[key] = value
+
+    def spare(self, key, like):
+        """A buffer shaped, typed and placed like ``like`` that holds no live state: the array
+        ``key`` held before its last commit when it fits, else a new one. Contents: garbage."""
+        buf = self._spares.pop(key, None)
+        return buf if _fits(buf, like) else xp.empty_like(like)
+
+    def scratch(self, key, like):
+        """A work buffer like ``like``, kept for ``key`` across steps (not state, not saved)."""
+        buf = self._scratch.get(key)
+        if not _fits(buf, like):
+            buf = self._scratch[key] = xp.empty_like(like)
+        return buf
+
+    def commit(self):
+        """Make the staged values the state; replaced arrays become spares."""
+        for key, value in self._staged.items():
+            old = self._committed.get(key)
+            if old is not None and not isinstance(old, tuple) and old is not value:
+                self._spares[key] = old
+            self._committed[key] = value
+        self._staged = {}
+
+    def rollback(self):
+        """Drop the staged values: the state is as at the last commit."""
+        self._staged = {}
+
+    @property
+    def pending(self):
+        """True while values are staged (a step is under way)."""
+        return bool(self._staged)
+
+    def keys(self):
+        return sorted(self._committed)
+
+    def to_host(self):
+        """Every committed value as NumPy copies (tuples kept), sorted by key."""
+        return {k: _host_copy(v) for k, v in sorted(self._committed.items())}
+
+    def load(self, values):
+        """Replace the whole state by ``values`` (as ``to_host`` returns), copied."""
+        self._committed = {k: _host_copy(v) for k, v in values.items()}
+        self._staged, self._spares = {}, {}
+
+
+def read(checkpoint):
+    """``checkpoint``'s per-tensor values, for any readable format (ValueError otherwise)."""
+    fmt = checkpoint.get("format")
+    if fmt not in READABLE_FORMATS:
+        raise ValueError(f"checkpoint format {fmt!r} is not one of {READABLE_FORMATS}")
+    return checkpoint["memory"] if fmt == 1 else checkpoint["state"]
+
+
+def _host_copy(value):
+    import numpy as np
+    if isinstance(value, tuple):
+        return tuple(np.array(xp.to_host(v), copy=True) for v in value)
+    return np.array(xp.to_host(value), copy=True)
+
+
+def _fits(buf, like):
+    return (buf is not None and xp.is_torch(buf) == xp.is_torch(like) and buf.shape == like.shape
+            and buf.dtype == like.dtype
+            and getattr(buf, "device", None) == getattr(like, "device", None))
+
+
+def _to_kind(value, like):
+    if xp.is_torch(like) and not xp.is_torch(value):
+        return xp.from_host(value, like)
+    if xp.is_torch(like) and value.device != like.device:
+        return value.to(like.device)
+    return value

@@ -1,0 +1,32 @@
+"""Rank script (one rank, NumPy, no Horovod): checkpoints written in format 1 (hvdcomp before the
+format-2 layout; tests/data/checkpoint_format1.pkl, made by tests/data/make_format1.py) load into
+today's compressors, which then take the next step exactly as the old release did."""
+import os
+import pickle
+
+import numpy as np
+
+import hvdcomp
+from report import report
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAKERS = {"marsit-rms": lambda: hvdcomp.Marsit(seed=2, precondition="rms"),
+          "topk": lambda: hvdcomp.TopK(ratio=0.05, seed=1),
+          "binsgdm": lambda: hvdcomp.BinSGDM(seed=4),
+          "marsit-adam": lambda: hvdcomp.Marsit(seed=3,
+                                                precondition=hvdcomp.AdamSettings(warmup=2))}
+
+with open(os.path.join(HERE, "..", "data", "checkpoint_format1.pkl"), "rb") as fh:
+    saved = pickle.load(fh)
+out = {}
+for name, make in MAKERS.items():
+    case, comp = saved[name], make()
+    assert case["state"]["format"] == 1
+    comp.load_state_dict(case["state"])
+    tickets = [comp.compress(g) for g in case["grads"]]
+    got = [comp.decompress(p, c) for p, c in tickets]
+    out[name] = all(np.array_equal(a, b) for a, b in zip(got, case["expected"]))
+    resaved = comp.state_dict()
+    out[name + ".format"] = resaved["format"]
+    out[name + ".keys"] = sorted(resaved["state"]) == sorted(case["state"]["memory"])
+report(rank=0, **out)
