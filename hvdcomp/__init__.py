@@ -10,6 +10,7 @@ Each public compressor works passed bare (the class: one shared default instance
 """
 from hvdcomp.algorithms.adam import AdamSettings
 from hvdcomp.binsgdm import BinSGDM
+from hvdcomp.efsignsgd import EFSignSGD
 from hvdcomp.protocol import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
                             RankMismatchError, UnsupportedTensorError)
@@ -21,6 +22,6 @@ from hvdcomp.topk import TopK
 DEFAULT = Marsit
 
 __version__ = "0.1.0"
-__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "DEFAULT", "AdamSettings",
+__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "EFSignSGD", "DEFAULT", "AdamSettings",
            "BatchedCompressor", "StepStats", "HvdcompError", "LaunchError",
            "NonFiniteGradientError", "RankMismatchError", "UnsupportedTensorError"]

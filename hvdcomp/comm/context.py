@@ -51,10 +51,11 @@ class CommContext:
         self.size = comm.Get_size()
         self.stats = stats if stats is not None else CommStats()
 
-    def allgather_array(self, local):
-        """Gather a 1-D float64 array of the same length from every rank: shape (size, len)."""
-        local = np.ascontiguousarray(local, dtype=np.float64).reshape(-1)
-        out = np.empty((self.size, local.size), dtype=np.float64)
+    def allgather_array(self, local, dtype=np.float64):
+        """Gather a 1-D array of the same length and ``dtype`` (float64 by default, e.g. uint8
+        for packed bits) from every rank: shape (size, len)."""
+        local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
+        out = np.empty((self.size, local.size), dtype=dtype)
         self.comm.Allgather(local, out)
         self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
         return out
