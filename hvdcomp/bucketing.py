@@ -19,7 +19,8 @@ Contract (modes: 'step' = one batch per step, the historical behaviour, no sched
   state in the state store (``hvdcomp.state``); if any bucket meets NaN/Inf, an unsupported dtype
   or a rank mismatch (all detected collectively, so on every rank at the same bucket), the step
   is aborted (``engine.abort_step``: the staged state dropped) and the error raised on every rank
-  from ``decompress()``; with ``on_nonfinite='skip'`` the whole step returns zeros instead. An
+  from ``decompress()``; with ``on_nonfinite`` 'propagate' or 'skip' the whole step is skipped instead
+  (``engine.skip_step``). An
   exception in the worker is re-raised in the main thread; the worker never outlives its step.
 - Planning (collective, at the end of a step, same point on every rank): every rank's arrival
   times and timed bucket reductions (bytes, seconds) are all-gathered; rank 0 forms the agreed
@@ -223,11 +224,7 @@ class Scheduler:
     def finish_step(self, pending):
         """Reduce the step's ``pending`` entries (every compress of the step), raising or
         skipping the whole step as described in the module docstring."""
-        with self._cv:
-            self.closed = True
-            self._cv.notify_all()
-            while self.working:
-                self._cv.wait()
+        self._close()
         processed = {id(e) for b, ms in enumerate(self.members) if self.done[b] for e in ms}
         rest = sorted((e for e in pending if id(e) not in processed), key=lambda e: e.key)
         arrivals = self.arrivals
@@ -236,8 +233,8 @@ class Scheduler:
                 raise self.error
             if rest:
                 self._timed(rest)
-        except SkipStep:
-            self.engine.skip_step(pending, self.step_stats)
+        except SkipStep as skip:
+            self.engine.skip_step(pending, self.step_stats, skip.nonfinite)
             self._end(arrivals, pending, skipped=True)
             return
         except BaseException:
@@ -246,6 +243,21 @@ class Scheduler:
             raise
         self.engine.end_step(self.step_stats)
         self._end(arrivals, pending, skipped=False)
+
+    def _close(self):
+        """Close the step and wait until the worker is done with it."""
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()
+            while self.working:
+                self._cv.wait()
+
+    def abandon(self, pending):
+        """Drop the step under way (an error found before its end): wait for the worker, roll
+        the step back (``engine.abort_step``)."""
+        self._close()
+        self.engine.abort_step(pending)
+        self._reset_step()
 
     def _end(self, arrivals, pending, skipped):
         samples, plan = self.step_samples, self.plan

@@ -9,8 +9,8 @@ A batch is checked in three places of the step engine (``hvdcomp.engine``):
    ``UNSUPPORTED``), an unsupported dtype raises ``UnsupportedTensorError`` and a NaN/Inf raises
    ``NonFiniteGradientError`` (or, with ``on_nonfinite='skip'``, asks for the step to be skipped),
    on every rank, since every rank sees the same gathered statuses.
-3. ``reduction_factor``: in ``decompress``, the value Horovod reduced the 1-element placeholder
-   to says which reduction op the user asked for.
+3. ``reduction_factor``: in ``decompress``, what Horovod reduced the placeholder
+   (``placeholder_values``) to says which reduction op the user asked for.
 
 ``context(name)`` is the MPI context hvdcomp communicates on, refused with ``LaunchError`` when
 Horovod runs ranks that MPI does not know (a Gloo launch).
@@ -22,7 +22,7 @@ import numpy as np
 
 from hvdcomp.comm import get_context
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError, RankMismatchError,
-                            UnsupportedTensorError)
+                            SetupMismatchError, UnsupportedOpError, UnsupportedTensorError)
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 
@@ -39,41 +39,83 @@ def horovod_world():
     return None
 
 
-def context(who):
-    """The ``CommContext`` for compressor ``who`` (its name, for messages)."""
-    ctx = get_context()
+def context(who, ranks=None):
+    """The ``CommContext`` for compressor ``who`` (its name, for messages): over every rank, or
+    over the process set of world ``ranks``."""
     world = horovod_world()
+    ctx = get_context()
     if world is not None and world != (ctx.size, ctx.rank):
         raise LaunchError(
             f"{who}: Horovod runs {world[0]} ranks (this is rank {world[1]}) but MPI "
             f"has {ctx.size} (rank {ctx.rank}): the job was not launched with MPI ranks "
             "(e.g. horovodrun --gloo). hvdcomp's all-reduce runs on MPI: launch with mpirun "
             "or horovodrun --mpi.")
-    return ctx
+    return ctx if ranks is None else get_context(ranks)
 
 
-def fingerprint(entries):
-    """Two 26-bit integers (exact in float64) hashing the batch's (name, shape, dtype) list."""
+def fingerprint(entries, setup=None):
+    """Two 26-bit integers (exact in float64) hashing the batch's (name, shape, dtype) list and
+    the compressor's ``setup`` (class and settings, a dict of plain values)."""
     h = hashlib.blake2b(digest_size=8)
+    h.update(repr(sorted((setup or {}).items())).encode())
     for e in entries:
         h.update(f"{e.key}|{tuple(e.shape)}|{e.dtype_name}\n".encode())
     v = int.from_bytes(h.digest(), "little")
     return [float(v & 0x3FFFFFF), float((v >> 26) & 0x3FFFFFF)]
 
 
-def agree(ctx, entries, who, step):
-    """Raise ``RankMismatchError`` on every rank unless every rank holds the same batch (names,
-    shapes and dtypes, in the same order). One small all-gather when the ranks agree."""
-    header = np.asarray([len(entries)] + fingerprint(entries), dtype=np.float64)
+def agree(ctx, entries, who, step, setup):
+    """Raise on every rank unless every rank holds the same batch (names, shapes and dtypes, in
+    the same order; ``RankMismatchError``) and reduces it with the same compressor ``setup``
+    (class and settings; ``SetupMismatchError``). One small all-gather when the ranks agree."""
+    header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup),
+                        dtype=np.float64)
     rows = ctx.allgather_array(header)
     if (rows == rows[0]).all():
         return
+    if not (rows[:, 3:] == rows[0, 3:]).all():
+        setups = ctx.allgather_object(setup)
+        raise SetupMismatchError(
+            f"{who}: ranks use different compressors or settings at step {step}: "
+            + "; ".join(_setup_differences(setups)) + ". Pass the same compression=... "
+            "(class and arguments) on every rank.")
     lists = ctx.allgather_object([(e.key, e.numel, tuple(e.shape), e.dtype_name)
                                   for e in entries])
     counts = ", ".join(f"rank {r}: {len(items)}" for r, items in enumerate(lists))
     raise RankMismatchError(
         f"{who}: ranks disagree about the gradients of step {step} "
         f"(tensors per rank: {counts}): " + "; ".join(_differences(lists, ctx.size)[:10]))
+
+
+def _setup_differences(setups):
+    """One line per setting that differs between ranks: ``'seed': rank 0: 1, rank 1: 2``."""
+    keys = sorted({k for s in setups for k in s})
+    lines = []
+    for k in keys:
+        values = [s.get(k, "(not set)") for s in setups]
+        if len({repr(v) for v in values}) > 1:
+            lines.append(f"{k!r}: " + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values)))
+    return lines
+
+
+def agree_names(ctx, names, who, what):
+    """Raise ``RankMismatchError`` on every rank unless every rank gives the same sorted list of
+    tensor ``names`` (e.g. the parameters an optimizer will reduce: ``what`` says which)."""
+    names = sorted(names)
+    h = hashlib.blake2b(repr(names).encode(), digest_size=8).digest()
+    v = int.from_bytes(h, "little")
+    rows = ctx.allgather_array([len(names), v & 0x3FFFFFF, (v >> 26) & 0x3FFFFFF])
+    if (rows == rows[0]).all():
+        return
+    lists = ctx.allgather_object(names)
+    union = sorted(set().union(*map(set, lists)))
+    problems = [f"{n!r} only on rank(s) {[r for r, ns in enumerate(lists) if n in ns]}"
+                for n in union if any(n not in ns for ns in lists)]
+    raise RankMismatchError(
+        f"{who}: ranks disagree about {what} (per rank: "
+        + ", ".join(f"rank {r}: {len(ns)}" for r, ns in enumerate(lists)) + "): "
+        + "; ".join(problems[:10]) + ". Every rank must train the same parameters (same model, "
+        "same requires_grad).")
 
 
 def _differences(lists, size):
@@ -97,7 +139,9 @@ def _differences(lists, size):
 
 def verdict(entries, statuses, who, step, on_nonfinite):
     """From every rank's statuses (array (size, len(entries))): raise for an unsupported dtype
-    or (``on_nonfinite='raise'``) a NaN/Inf; return True when the step is to be skipped."""
+    or (``on_nonfinite='raise'``) a NaN/Inf; otherwise return the ``(rank, entry index)`` pairs
+    of non-finite tensors (empty: the step goes on; else it is skipped, ``on_nonfinite`` says
+    how)."""
     bad = np.argwhere(statuses == UNSUPPORTED)
     if bad.size:
         r, i = bad[0]
@@ -106,22 +150,40 @@ def verdict(entries, statuses, who, step, on_nonfinite):
             f"{entries[i].dtype_name} (or is sparse); hvdcomp compresses dense floating-point "
             "gradients only (float16, bfloat16, float32, float64)")
     bad = np.argwhere(statuses == NONFINITE)
-    if not bad.size:
-        return False
-    if on_nonfinite == "skip":
-        return True
+    if not bad.size or on_nonfinite != "raise":
+        return [(int(r), int(i)) for r, i in bad]
     where = ", ".join(f"{entries[i].key!r} on rank {r}" for r, i in bad[:8])
     raise NonFiniteGradientError(
         f"{who}: NaN or Inf in gradient {where} at step {step}; nothing was "
-        "applied and the compressor state is unchanged (pass on_nonfinite='skip' to skip "
-        "such steps with zero gradients instead)")
+        "applied and the compressor state is unchanged (pass on_nonfinite='propagate' to "
+        "return NaN for such tensors instead, as Horovod's allreduce does, e.g. for AMP's "
+        "GradScaler, or on_nonfinite='skip' to return zeros)")
 
 
-def reduction_factor(ctx, value, key, who):
-    """1 for ``op=Average``, ``size`` for ``op=Sum``, from the reduced placeholder ``value``."""
-    m = int(round(value))
-    if m not in (1, ctx.size) or abs(value - m) > 1e-3 * m:
-        raise HvdcompError(
-            f"{who}: tensor {key!r} on rank {ctx.rank}: Horovod reduced the placeholder "
-            f"to {value}; only op=Average (1) and op=Sum ({ctx.size}) are supported")
-    return m
+def placeholder_values(world_rank):
+    """What a rank sends through Horovod's allreduce in place of a gradient: ``[1, 1 + rank]``
+    (``rank``: its MPI world rank). Over ranks R (the world or the process set), op=Average
+    gives ``[1, 1 + mean(R)]`` and op=Sum ``n * [1, 1 + mean(R)]``; any pre-/postscale factor
+    ``s`` multiplies both. Min, Max, Product and Adasum give other vectors."""
+    return [1.0, 1.0 + float(world_rank)]
+
+
+def reduction_factor(values, ranks, key, who, rank):
+    """The factor by which the mean over ``ranks`` (world ranks) is to be multiplied, from the
+    reduced placeholder ``values``: 1 for op=Average, ``len(ranks)`` for op=Sum, times any
+    prescale/postscale factor. Raises ``UnsupportedOpError`` for every other reduction. A
+    1-element ``values`` is an unreduced host placeholder (NumPy): factor 1."""
+    if len(values) == 1:
+        return 1.0
+    scale, second = float(values[0]), float(values[1])
+    expected = 1.0 + float(np.mean(ranks))
+    if np.isfinite(scale) and scale != 0 and abs(second / scale - expected) <= 1e-4 * expected:
+        return scale
+    n = len(ranks)
+    raise UnsupportedOpError(
+        f"{who}: tensor {key!r} on rank {rank}: Horovod's reduction turned hvdcomp's placeholder "
+        f"[1, 1 + rank] into {[float(v) for v in values]}, not op=Average ([1, {expected:g}]) or "
+        f"op=Sum ([{n}, {n * expected:g}]) (up to a prescale/postscale factor). hvdcomp "
+        "reduces by mean or sum only: op=hvd.Min, hvd.Max, hvd.Product and hvd.Adasum are not "
+        "supported. Use op=hvd.Average or hvd.Sum, or compression=hvd.Compression.none for "
+        "this reduction.")

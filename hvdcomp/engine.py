@@ -20,6 +20,7 @@ A step is one batch, or several (LayerFusion buckets, ``hvdcomp.bucketing``): th
 calls ``process(..., end_step=False)`` per bucket and ends the step itself with ``end_step``,
 ``skip_step`` or ``abort_step``.
 """
+import logging
 import time
 
 import numpy as np
@@ -27,12 +28,20 @@ import numpy as np
 from hvdcomp import checks
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
+from hvdcomp.errors import HvdcompError
 from hvdcomp.stats import StepStats
+
+log = logging.getLogger("hvdcomp")
 
 
 class SkipStep(Exception):
-    """Raised by ``process(..., end_step=False)`` when the batch is to be skipped
-    (``on_nonfinite='skip'``): the caller skips the whole step."""
+    """Raised by ``process(..., end_step=False)`` when the batch is to be skipped (NaN/Inf with
+    ``on_nonfinite`` 'propagate' or 'skip'): the caller skips the whole step. ``nonfinite``:
+    the keys of the non-finite tensors."""
+
+    def __init__(self, nonfinite):
+        super().__init__(sorted(nonfinite))
+        self.nonfinite = set(nonfinite)
 
 
 class Ticket:
@@ -95,6 +104,7 @@ class StepEngine:
     def __init__(self, method, store, preconditioner, min_compress_numel, on_nonfinite):
         self.method, self.store, self.pre = method, store, preconditioner
         self.min_compress_numel, self.on_nonfinite = min_compress_numel, on_nonfinite
+        self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
@@ -107,7 +117,22 @@ class StepEngine:
         return _Phase(self.phases, name)
 
     def context(self):
-        return checks.context(self.method.method)
+        """The ``CommContext`` of the process set this engine is bound to (the world by default)."""
+        return checks.context(self.method.method, self.ranks)
+
+    def bind(self, ranks):
+        """Reduce over the process set of world ``ranks`` (a sorted tuple; None: every rank)
+        from now on. The state is per process set, so an engine serves one: a different set
+        raises ``HvdcompError``."""
+        if ranks == self.ranks:
+            return
+        if self.step or self.store.keys() or self.results:
+            raise HvdcompError(
+                f"{self.method.method}: one compressor instance was used with process set "
+                f"{_set_name(self.ranks)} and now with {_set_name(ranks)}; its state belongs to "
+                "one set. Give each process set its own instance, e.g. compression="
+                f"hvdcomp.{type(self.method).__name__}().")
+        self.ranks = ranks
 
     def process(self, entries, end_step=True):
         """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
@@ -139,7 +164,7 @@ class StepEngine:
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
         name = self.method.method
-        checks.agree(ctx, entries, name, self.step)
+        checks.agree(ctx, entries, name, self.step, self.method.describe())
         for e in entries:
             e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
                        or self.pre.makes_dense(e, self.store))
@@ -155,12 +180,15 @@ class StepEngine:
         gathered = ctx.allgather_array(
             np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
         statuses = gathered[:, :len(entries)].astype(np.int64)
-        if checks.verdict(entries, statuses, name, self.step, self.on_nonfinite):
+        bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite)
+        if bad:
+            self._report_nonfinite(ctx, [(r, entries[i].key) for r, i in bad])
+            nonfinite = {entries[i].key for _, i in bad}
             if not end_step:
-                raise SkipStep()
+                raise SkipStep(nonfinite)
             self.store.rollback()
             self.skipped += 1
-            return [xp.zeros_like(e.work) if e.work is not None else None for e in entries], big
+            return [self._unapplied(e.work, e.key in nonfinite) for e in entries], big
         all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
         reduced = dict(zip((e.key for e in big),
                            self.method.reduce(Batch(self, ctx, big), all_scalars) if big else []))
@@ -181,17 +209,41 @@ class StepEngine:
         self.last_stats = step
         self.total_stats.add(step)
 
-    def skip_step(self, entries, batch_stats):
-        """End a step skipped for NaN/Inf (``on_nonfinite='skip'``): the state is rolled back
-        and every entry's result is zeros."""
+    def skip_step(self, entries, batch_stats, nonfinite):
+        """End a step skipped for NaN/Inf in the tensors ``nonfinite`` (keys): the state is
+        rolled back; every entry's result is what ``_unapplied`` gives."""
         self.store.rollback()
         self.skipped += 1
         for e in entries:
             done = self.results.get(e.ticket)
             like = done[0] if done is not None else e.work
-            self.results[e.ticket] = (xp.zeros_like(like) if like is not None else None, e)
+            self.results[e.ticket] = (self._unapplied(like, e.key in nonfinite), e)
             e.release()
         self.end_step(batch_stats)
+
+    def _unapplied(self, like, nonfinite):
+        """The result of a tensor in a skipped step: NaN where the tensor was non-finite on some
+        rank and ``on_nonfinite='propagate'`` (what Horovod's own allreduce returns, so AMP's
+        GradScaler sees the overflow and backs off), else zeros (nothing applied)."""
+        if like is None:
+            return None
+        out = xp.zeros_like(like)
+        if nonfinite and self.on_nonfinite == "propagate":
+            out[...] = float("nan")
+        return out
+
+    def _report_nonfinite(self, ctx, where):
+        """Rank 0 logs the skipped step's non-finite tensors and ranks ((rank, key) pairs) on
+        the 1st, 2nd, 4th, 8th, ... such step (overflows are routine under AMP)."""
+        count = self.skipped + 1
+        if ctx.rank != 0 or count & (count - 1):
+            return
+        shown = ", ".join(f"{k!r} on rank {r}" for r, k in where[:8])
+        more = f" and {len(where) - 8} more" if len(where) > 8 else ""
+        log.warning("%s: step %d skipped (non-finite step number %d): NaN/Inf in %s%s; the "
+                    "compressor state is unchanged, the step returns %s",
+                    self.method.method, self.step, count, shown, more,
+                    "NaN for those tensors" if self.on_nonfinite == "propagate" else "zeros")
 
     def abort_step(self, entries):
         """Forget a step that raised: the state is rolled back, no result is kept."""
@@ -200,6 +252,10 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def _set_name(ranks):
+    return "of every rank" if ranks is None else f"of ranks {list(ranks)}"
 
 
 def reduce_dense(ctx, entries, phase):

@@ -19,3 +19,11 @@ class NonFiniteGradientError(HvdcompError):
 
 class UnsupportedTensorError(HvdcompError):
     """A tensor hvdcomp cannot compress (integer, bool or complex dtype, ...)."""
+
+
+class UnsupportedOpError(HvdcompError):
+    """A Horovod reduction hvdcomp does not implement (op=Min, Max, Product, Adasum)."""
+
+
+class SetupMismatchError(RankMismatchError):
+    """Ranks use different compressors or compressor settings for the same tensors."""

@@ -3,14 +3,16 @@
 How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``hvd.allreduce``):
 
 1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
-   returns a 1-element placeholder (value 1) that Horovod all-reduces in place of the gradient.
+   returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
+   place of the gradient.
    No MPI happens here, so it is safe in autograd hooks.
 2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
    last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,
    prepare, gather scalars, check, reduce or dense, land), sorted by name, so the order of
    hvdcomp's own collectives is the same on every rank by construction.
-3. ``decompress`` returns the mean over ranks, multiplied by the Horovod placeholder's reduced
-   value (1 for ``op=Average``, size for ``op=Sum``), shaped and typed like the gradient.
+3. ``decompress`` returns the mean over ranks, multiplied by the factor the reduced placeholder
+   shows (1 for ``op=Average``, size for ``op=Sum``, times any pre/postscale; other ops are
+   refused), shaped and typed like the gradient.
 
 With LayerFusion (``fusion='auto'``/``'layerwise'``, ``hvdcomp.bucketing``) the step is reduced
 in buckets by a background thread while the backward pass runs; errors keep whole-step
@@ -23,6 +25,8 @@ feedback (``hvdcomp.feedback``) and preconditioning (``hvdcomp.preconditioning``
 not inherited. The class itself can be passed as ``compression=``: its methods then act on one
 default instance per class (``Cls.default()``).
 """
+import gc
+import logging
 import os
 import threading
 import weakref
@@ -30,11 +34,14 @@ import weakref
 import numpy as np
 
 from hvdcomp import bucketing, checks, preconditioning, state, validate
+from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
-from hvdcomp.errors import HvdcompError
+from hvdcomp.errors import HvdcompError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
 
+log = logging.getLogger("hvdcomp")
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
+NONFINITE_CHOICES = ("propagate", "raise", "skip")
 # The fusion mode of compressors built without ``fusion=`` (see hvdcomp.bucketing).
 DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
@@ -54,9 +61,13 @@ class BatchedCompressor:
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
     Common args (every method takes them as keywords, BinSGDM all but the last two):
-    ``on_nonfinite`` ('raise'/'skip'); ``seed`` (int >= 0); ``fusion``: 'step' (one batch per
-    step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or 'layerwise' (one bucket per tensor, for
-    comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s, bandwidth
+    ``on_nonfinite``: what a step with NaN/Inf in some rank's gradient does, on every rank alike
+    and with the compressor state left unchanged: 'propagate' (default; as Horovod's allreduce:
+    NaN for the non-finite tensors, zeros for the others, so AMP's GradScaler skips the step and
+    backs off; rank 0 logs the tensors and ranks), 'raise' (``NonFiniteGradientError``;
+    recommended outside mixed precision) or 'skip' (zeros for every tensor); ``seed`` (int >= 0);
+    ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or
+    'layerwise' (one bucket per tensor, for comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s, bandwidth
     B/s)`` of one bucket's reduction for 'auto' (default: measured); ``min_compress_numel``:
     tensors with fewer elements are summed uncompressed; ``precondition``: None (default),
     'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
@@ -65,24 +76,31 @@ class BatchedCompressor:
     method = "base"
     n_scalars = 0
 
-    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL, on_nonfinite="raise",
-                 seed=0, fusion=None, fusion_cost=None, precondition=None):
+    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
+                 on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
+                 precondition=None):
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
-        self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, ("raise", "skip"))
+        self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
         self.preconditioner = preconditioning.make(precondition)
+        self._pending = []
+        self._lock = threading.Lock()
+        self._fusion_mode = validate.choice(
+            "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
+        if self._fusion_mode != "auto" and fusion_cost is not None:
+            raise ValueError(f"fusion_cost applies to fusion='auto' only "
+                             f"(fusion={self._fusion_mode!r})")
+        self._fusion_cost = fusion_cost
+        self._start_fresh()
+
+    def _start_fresh(self):
+        """Empty state, step 0: the compressor as just built."""
         self.store = state.StateStore()
         self.engine = StepEngine(self, self.store, self.preconditioner, self.min_compress_numel,
                                  self.on_nonfinite)
-        self._pending = []
         self._owners = {}  # key -> weakref to the parameter whose state is stored under key
-        self._lock = threading.Lock()
-        mode = validate.choice("fusion", DEFAULT_FUSION if fusion is None else fusion,
-                               bucketing.MODES)
-        if mode != "auto" and fusion_cost is not None:
-            raise ValueError(f"fusion_cost applies to fusion='auto' only (fusion={mode!r})")
-        self._fusion = None if mode == "step" else bucketing.Scheduler(self.engine, mode,
-                                                                       fusion_cost)
+        self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
+            self.engine, self._fusion_mode, self._fusion_cost)
 
     # -- what a method provides ----------------------------------------------------------------
     def settings(self):
@@ -100,6 +118,16 @@ class BatchedCompressor:
         new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
         raise NotImplementedError
 
+    def describe(self):
+        """The class and every setting (common and the method's): what the ranks must agree on
+        (``hvdcomp.checks.agree``)."""
+        return {"class": type(self).__name__, "min_compress_numel": self.min_compress_numel,
+                "on_nonfinite": self.on_nonfinite, "seed": self.seed,
+                "fusion": "step" if self._fusion is None else self._fusion.mode,
+                "fusion_cost": None if self._fusion is None else self._fusion.cost,
+                "precondition": self.precondition if self.adam is None else repr(self.adam),
+                **self.settings()}
+
     # -- class used bare: one default instance per class -------------------------------------
     @classmethod
     def default(cls):
@@ -113,7 +141,7 @@ class BatchedCompressor:
     # -- the Horovod Compressor protocol ------------------------------------------------------
     @default_instance
     def compress(self, tensor):
-        """Record ``tensor`` for this step's batch; return (1-element placeholder, ctx)."""
+        """Record ``tensor`` for this step's batch; return (placeholder, ctx)."""
         adapter = adapter_for(tensor)
         name, owner = adapter.tensor_identity(tensor)
         if getattr(adapter, "DEFERRED", False):
@@ -122,7 +150,7 @@ class BatchedCompressor:
             with self._lock:
                 if name is not None:
                     self._check_owner(name, owner)
-            return adapter.placeholder(tensor), adapter.Deferred(self, name, tensor)
+            return adapter.placeholder(tensor, self._placeholder_values()), adapter.Deferred(self, name, tensor)
         with self._lock:
             key = name if name is not None else f"@{len(self._pending):06d}"
             self._check_owner(key, owner)
@@ -135,25 +163,40 @@ class BatchedCompressor:
             self._pending.append(entry)
             if self._fusion is not None:
                 self._fusion.arrived(entry)
-        return adapter.placeholder(tensor), entry.ticket
+        return adapter.placeholder(tensor, self._placeholder_values()), entry.ticket
 
     def _check_owner(self, key, owner):
-        """State is keyed by name: refuse a second parameter under a name already in use (two
-        optimizers sharing one compressor whose models use the same parameter names)."""
+        """State is keyed by name, and a name's state belongs to one parameter (``owner``).
+        The same name on a new parameter while the earlier one is gone is a new training (a
+        learning-rate sweep or k-fold with the bare class): when every parameter seen so far is
+        gone the compressor starts fresh, as a new instance would, else that tensor's state is
+        dropped. Two live parameters under one name (two optimizers sharing a compressor) are
+        refused."""
         if owner is None:
             return
         known = self._owners.get(key)
-        if known is not None and known() is not None and known() is not owner:
-            raise HvdcompError(
-                f"{self.method}: two different parameters are both named {key!r} in one "
-                "compressor, so their state would mix. When several optimizers share a "
-                "compressor, give each its own instance: compression="
-                f"hvdcomp.{type(self).__name__}().")
+        if known is not None and known() is not owner:
+            if known() is not None:
+                gc.collect()  # the earlier model may be held only by reference cycles
+            if known() is not None:
+                raise HvdcompError(
+                    f"{self.method}: two different parameters are both named {key!r} in one "
+                    "compressor, so their state would mix. When several optimizers share a "
+                    "compressor, give each its own instance: compression="
+                    f"hvdcomp.{type(self).__name__}().")
+            if not self._pending and all(ref() is None for ref in self._owners.values()):
+                log.info("%s: a new training (its parameters replace gone ones): starting "
+                         "with fresh state", self.method)
+                self._start_fresh()
+            else:
+                self.store.forget(key)
         self._owners[key] = weakref.ref(owner)
 
     @default_instance
     def decompress(self, output, ctx):
-        """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step)."""
+        """The reduced gradient for ``ctx`` (flushing the batch on the first call of a step).
+        The reduction op is checked first: an unsupported one abandons the step (nothing
+        communicated, state unchanged) and raises ``UnsupportedOpError``."""
         if getattr(ctx, "DEFERRED", False):
             return ctx.build(output)
         if ctx is None and getattr(output, "is_sparse", False) is True:
@@ -162,16 +205,29 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            if any(e.ticket is ctx for e in self._pending):
-                self._flush()
-            elif ctx not in self.engine.results:
+            pending = next((e for e in self._pending if e.ticket is ctx), None)
+            done = self.engine.results.get(ctx)
+            if pending is None and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
+            adapter = (pending or done[1]).adapter
+            try:
+                factor = self._reduction_factor(adapter.reduced(output), ctx.key)
+            except UnsupportedOpError:
+                self._abandon_step()
+                raise
+            if pending is not None:
+                self._flush()
             flat, entry = self.engine.results.pop(ctx)
-        factor = checks.reduction_factor(self.engine.context(), entry.adapter.scalar(output),
-                                         entry.key, self.method)
         if factor != 1:
             flat = flat * factor
         return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)
+
+    def _reduction_factor(self, values, key):
+        ranks = self.engine.ranks or range(world_size())
+        return checks.reduction_factor(values, ranks, key, self.method, world_rank())
+
+    def _placeholder_values(self):
+        return checks.placeholder_values(world_rank())
 
     def _flush(self):
         entries, self._pending = self._pending, []
@@ -180,19 +236,26 @@ class BatchedCompressor:
         else:
             self.engine.process(sorted(entries, key=lambda e: e.key))
 
+    def _abandon_step(self):
+        """Drop the step under way: nothing more is communicated, the state is unchanged."""
+        entries, self._pending = self._pending, []
+        if self._fusion is not None:
+            self._fusion.abandon(entries)
+        else:
+            self.engine.abort_step(entries)
+
     def reduce_now(self, key, array, reduced_placeholder):
         """Reduce one host array (NumPy) across ranks right now and return the result like
-        ``decompress`` would: the per-step entry point of graph front ends. Every rank must call
-        it for the same keys in the same order (the TensorFlow adapter chains its ops so)."""
+        ``decompress`` would (``reduced_placeholder``: what Horovod made of the placeholder):
+        the per-step entry point of graph front ends. Every rank must call it for the same keys
+        in the same order (the TensorFlow adapter's ops run in program order)."""
         from hvdcomp.backend import xp
         from hvdcomp.frontends import numpy as np_adapter
+        factor = self._reduction_factor(np_adapter.reduced(reduced_placeholder), key)
         with self._lock:
             entry = Entry(key, array, np_adapter)
             self.engine.process([entry])
             flat, _ = self.engine.results.pop(entry.ticket)
-        factor = checks.reduction_factor(
-            self.engine.context(), float(np.asarray(reduced_placeholder).reshape(-1)[0]), key,
-            self.method)
         out = xp.to_host(flat) * factor if factor != 1 else xp.to_host(flat)
         return np.asarray(out, dtype=array.dtype).reshape(array.shape)
 

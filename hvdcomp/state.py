@@ -77,6 +77,12 @@ class StateStore:
         """Drop the staged values: the state is as at the last commit."""
         self._staged = {}
 
+    def forget(self, name):
+        """Drop every value of tensor ``name`` (its method state and ``'<name>#...'``)."""
+        for table in (self._committed, self._staged, self._spares, self._scratch):
+            for key in [k for k in table if k == name or k.startswith(name + "#")]:
+                del table[key]
+
     @property
     def pending(self):
         """True while values are staged (a step is under way)."""

@@ -34,6 +34,7 @@ MAX_MESSAGE_BYTES = 1 << 30
 
 _lock = threading.Lock()
 _context = None
+_subsets = {}  # sorted tuple of world ranks -> CommContext of that process set
 _communicators = []  # every communicator hvdcomp created, freed at exit (see _free_all)
 
 
@@ -87,11 +88,39 @@ def _free_all():
             except Exception:  # noqa: BLE001 - already freed, or MPI going down
                 pass
     _communicators.clear()
+    _subsets.clear()
     _context = None
 
 
-def get_context():
-    """The process-wide hvdcomp context over all MPI ranks (created on first use)."""
+def world_rank():
+    """This process's rank in MPI's world (no communication)."""
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def world_size():
+    return MPI.COMM_WORLD.Get_size()
+
+
+def get_context(ranks=None):
+    """The process-wide hvdcomp context over all MPI ranks, or with ``ranks`` (a sorted tuple
+    of world ranks including this one: a Horovod process set) over those ranks only. Created on
+    first use: the world's by every rank together, a set's by the set's ranks together."""
+    world = _world_context()
+    if ranks is None or len(ranks) == world.size:
+        return world
+    with _lock:
+        sub = _subsets.get(ranks)
+        if sub is None:
+            if world.rank not in ranks:
+                raise ValueError(f"rank {world.rank} is not in the process set {list(ranks)}")
+            group = world.comm.Get_group().Incl(list(ranks))
+            tag = 1000 + hash(ranks) % 30000
+            sub = _subsets[ranks] = CommContext(world.comm.Create_group(group, tag), world.stats)
+            group.Free()
+        return sub
+
+
+def _world_context():
     global _context
     with _lock:
         if _context is None:

@@ -57,15 +57,17 @@ def working(tensor, dtype):
     return flat.numpy() if flat.device.type == "cpu" else flat
 
 
-def placeholder(tensor):
-    """What goes through Horovod's allreduce instead of the gradient: one element equal to 1,
-    whose reduced value (1 for Average, size for Sum) tells decompress() the reduction. Always
-    float32: Horovod's allreduce takes no bf16, bool or integer placeholders we would want."""
-    return torch.ones(1, dtype=torch.float32, device=tensor.device)
+def placeholder(tensor, values):
+    """What goes through Horovod's allreduce instead of the gradient: ``values``
+    (``hvdcomp.checks.placeholder_values``), whose reduced value tells decompress() the reduction
+    op. Always float32: Horovod's allreduce takes no bf16, bool or integer placeholders we would
+    want."""
+    return torch.tensor(values, dtype=torch.float32, device=tensor.device)
 
 
-def scalar(output):
-    return float(output.reshape(-1)[0])
+def reduced(output):
+    """The reduced placeholder's values, as floats."""
+    return [float(v) for v in output.detach().reshape(-1).cpu()]
 
 
 def restore(flat, like_shape, like_dtype, like_device):

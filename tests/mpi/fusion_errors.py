@@ -49,7 +49,7 @@ def same_state(a, b):
             and all(np.array_equal(a["state"][k], b["state"][k]) for k in a["state"]))
 
 
-comp = hvdcomp.Marsit(fusion="layerwise")
+comp = hvdcomp.Marsit(fusion="layerwise", on_nonfinite="raise")
 model, opt = build(comp)
 run_steps(model, opt, 0, 3)
 before, reductions = comp.state_dict(), comp._fusion.count

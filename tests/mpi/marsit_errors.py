@@ -29,9 +29,9 @@ def run_steps(model, opt, steps, nan_at=None, nan_rank=1):
         opt.step()
 
 
-# NaN, default policy: error everywhere, memory untouched.
+# NaN, on_nonfinite="raise": error everywhere, memory untouched.
 model = make_model(hidden=64)
-comp = hvdcomp.Marsit()
+comp = hvdcomp.Marsit(on_nonfinite="raise")
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02),
                                named_parameters=model.named_parameters(), compression=comp)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
