@@ -176,7 +176,7 @@ def reduction_factor(values, ranks, key, who, rank):
     if len(values) == 1:
         return 1.0
     scale, second = float(values[0]), float(values[1])
-    expected = 1.0 + float(np.mean(ranks))
+    expected = 1.0 + sum(ranks) / len(ranks)
     if np.isfinite(scale) and scale != 0 and abs(second / scale - expected) <= 1e-4 * expected:
         return scale
     n = len(ranks)

@@ -83,7 +83,8 @@ class BatchedCompressor:
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
         self.preconditioner = preconditioning.make(precondition)
-        self._pending = []
+        self._pending, self._pending_keys = [], set()
+        self._checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
         self._lock = threading.Lock()
         self._fusion_mode = validate.choice(
             "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
@@ -143,27 +144,48 @@ class BatchedCompressor:
     def compress(self, tensor):
         """Record ``tensor`` for this step's batch; return (placeholder, ctx)."""
         adapter = adapter_for(tensor)
-        name, owner = adapter.tensor_identity(tensor)
-        if getattr(adapter, "DEFERRED", False):
-            # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter builds,
-            # in decompress(), a per-step op that calls reduce_now() with the gradient's value.
-            with self._lock:
-                if name is not None:
-                    self._check_owner(name, owner)
-            return adapter.placeholder(tensor, self._placeholder_values()), adapter.Deferred(self, name, tensor)
+        ident = adapter.tensor_identity(tensor)
         with self._lock:
-            key = name if name is not None else f"@{len(self._pending):06d}"
-            self._check_owner(key, owner)
-            if any(e.key == key for e in self._pending):
+            if ident.name is not None:
+                self._check_owner(ident.name, ident.owner)
+            self._bind(ident.process_set)
+            if ident.optimizer is not None and ident.optimizer not in self._checked:
+                self._check_parameters(adapter, ident.optimizer)
+            if getattr(adapter, "DEFERRED", False):
+                # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter
+                # builds, in decompress(), a per-step op that calls reduce_now() with the value.
+                return (adapter.placeholder(tensor, self._placeholder_values()),
+                        adapter.Deferred(self, ident.name, tensor))
+            key = ident.name if ident.name is not None else f"@{len(self._pending):06d}"
+            if key in self._pending_keys:
                 raise HvdcompError(
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
             entry = Entry(key, tensor, adapter)
             self._pending.append(entry)
+            self._pending_keys.add(key)
             if self._fusion is not None:
                 self._fusion.arrived(entry)
         return adapter.placeholder(tensor, self._placeholder_values()), entry.ticket
+
+    def _bind(self, process_set):
+        """Reduce over Horovod ``process_set``'s ranks (None or the global set: every rank)."""
+        ranks = getattr(process_set, "ranks", None)
+        if ranks is not None and len(ranks) == world_size():
+            ranks = None
+        self.engine.bind(None if ranks is None else tuple(sorted(ranks)))
+
+    def _check_parameters(self, adapter, optimizer):
+        """At an optimizer's first gradient, before Horovod can stall on a tensor some rank never
+        submits: every rank (of the process set) must reduce the same parameters
+        (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
+        optimizer."""
+        names = adapter.parameter_names(optimizer)
+        if names is not None:
+            checks.agree_names(self.engine.context(), names, self.method,
+                               "the parameters their optimizer reduces")
+        self._checked.add(optimizer)
 
     def _check_owner(self, key, owner):
         """State is keyed by name, and a name's state belongs to one parameter (``owner``).
@@ -230,7 +252,7 @@ class BatchedCompressor:
         return checks.placeholder_values(world_rank())
 
     def _flush(self):
-        entries, self._pending = self._pending, []
+        entries, self._pending, self._pending_keys = self._pending, [], set()
         if self._fusion is not None:
             self._fusion.finish_step(entries)
         else:
@@ -238,7 +260,7 @@ class BatchedCompressor:
 
     def _abandon_step(self):
         """Drop the step under way: nothing more is communicated, the state is unchanged."""
-        entries, self._pending = self._pending, []
+        entries, self._pending, self._pending_keys = self._pending, [], set()
         if self._fusion is not None:
             self._fusion.abandon(entries)
         else:

@@ -4,6 +4,18 @@ An adapter answers, for one tensor: its name as the framework's Horovod integrat
 a flat working array for the backend, the 1-element placeholder that travels through Horovod's
 own allreduce, and how to turn a backend result back into a tensor like the input.
 """
+from typing import Any, NamedTuple, Optional
+
+
+class Identity(NamedTuple):
+    """What the framework's Horovod integration knows about a tensor handed to ``compress``:
+    ``name`` (its Horovod name, the same on every rank; None if none), ``owner`` (the parameter
+    or variable, or None), ``process_set`` (the Horovod ``ProcessSet`` of the call, None for the
+    global one), ``optimizer`` (the Horovod distributed optimizer it comes from, or None)."""
+    name: Optional[str]
+    owner: Any = None
+    process_set: Any = None
+    optimizer: Any = None
 
 
 def adapter_for(tensor):

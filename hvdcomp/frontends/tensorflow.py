@@ -18,6 +18,8 @@ import sys
 
 import tensorflow as tf
 
+from hvdcomp.frontends import Identity
+
 DEFERRED = True
 
 
@@ -44,16 +46,16 @@ def tensor_identity(tensor, depth=64):
             name = vars_[index].name
             if sum(v.name == name for v in vars_) > 1:  # e.g. two standalone layers' 'kernel:0'
                 name = f"{name}#{index}"
-            return name, vars_[index]
+            return Identity(name, vars_[index])
         if call_name is None and frame.f_code.co_name.endswith("allreduce") \
                 and isinstance(loc.get("name"), str):
             call_name = loc["name"]
         frame = frame.f_back
     if call_name is not None:
-        return call_name, None
+        return Identity(call_name)
     if not tf.executing_eagerly() and hasattr(tensor, "name"):
-        return tensor.name, None
-    return None, None
+        return Identity(tensor.name)
+    return Identity(None)
 
 
 def placeholder(tensor, values):

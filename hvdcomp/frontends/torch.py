@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import torch
 
+from hvdcomp.frontends import Identity
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Functions of horovod.torch whose local ``name`` is the tensor's Horovod name.
@@ -31,14 +33,24 @@ def tensor_identity(tensor, depth=8):
         loc = frame.f_locals
         name = loc.get("name")
         if frame.f_code.co_name in _NAMED_CALLERS and isinstance(name, str):
-            return name, loc.get("p")
+            opt = loc.get("self")
+            return Identity(name, loc.get("p"), loc.get("process_set",
+                                                          getattr(opt, "process_set", None)),
+                            opt if hasattr(opt, "_requires_update") else None)
         parent = frame.f_back
         if "p" in loc and parent is not None and parent.f_code.co_name == "_grouped_allreduce_grad_async":
             names = getattr(parent.f_locals.get("self"), "_parameter_names", {})
             if loc["p"] in names:
-                return names[loc["p"]], loc["p"]
+                opt = parent.f_locals.get("self")
+                return Identity(names[loc["p"]], loc["p"], getattr(opt, "process_set", None), opt)
         frame = parent
-    return None, None
+    return Identity(None)
+
+
+def parameter_names(optimizer):
+    """The sorted names of the parameters a horovod.torch DistributedOptimizer reduces."""
+    names = getattr(optimizer, "_parameter_names", {})
+    return sorted(names.get(p, "?") for p in getattr(optimizer, "_requires_update", ()))
 
 
 def describe_dtype(tensor):
@@ -67,7 +79,7 @@ def placeholder(tensor, values):
 
 def reduced(output):
     """The reduced placeholder's values, as floats."""
-    return [float(v) for v in output.detach().reshape(-1).cpu()]
+    return output.detach().reshape(-1).cpu().tolist()
 
 
 def restore(flat, like_shape, like_dtype, like_device):

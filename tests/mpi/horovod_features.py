@@ -1,0 +1,185 @@
+"""Rank script: Horovod features users combine with compression (issue 17), one case per run
+(``argv[1]``), each reporting what every rank saw.
+
+- ops: op=Min/Max/Product on hvd.allreduce raise UnsupportedOpError on every rank (state left
+  as it was: a following Average call gives the exact mean); op=Sum and prescale/postscale
+  factors give the right value; DistributedOptimizer(op=hvd.Adasum) is refused at its step.
+- setup: ranks with different compressors or settings (class, seed, fusion) raise
+  SetupMismatchError on every rank, naming the setting and both values.
+- amp: torch.amp GradScaler (fp16 autocast on CPU, Horovod's documented synchronize / unscale_ /
+  skip_synchronize pattern) with the default on_nonfinite: overflowing steps come back non-finite
+  on every rank, GradScaler backs off as with Horovod's own allreduce, the loss goes down and
+  every rank stays bit-identical.
+- reuse: two trainings in one process with the bare class: the second equals a training with a
+  fresh instance.
+- params: ranks whose optimizers hold different parameters (rank 1 froze a layer) raise
+  RankMismatchError at the first backward naming the parameter, within seconds.
+- sets (4 ranks): process sets [0, 1] and [2, 3]: hvd.allreduce(op=Average, process_set=own)
+  gives each set's own mean; a training in each set stays identical within the set; a set that
+  does other work meanwhile does not hang the other.
+"""
+import sys
+import time
+
+import numpy as np
+import torch
+import horovod.torch as hvd
+
+import hvdcomp
+from report import report
+from torch_common import batch, digest, identical_across_ranks, load_digits_split, make_model
+
+CASE = sys.argv[1]
+torch.set_num_threads(1)
+if CASE == "sets":
+    SETS = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
+    hvd.init(process_sets=SETS)
+else:
+    hvd.init()
+rank, out = hvd.rank(), {}
+(xtr, ytr), _ = load_digits_split(0)
+
+
+def error_of(fn, kind=hvdcomp.HvdcompError):
+    try:
+        fn()
+    except kind as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def train(model, opt, steps, first=0, process_set_rank=None):
+    losses = []
+    for step in range(first, first + steps):
+        xb, yb = batch(xtr, ytr, step, rank if process_set_rank is None else process_set_rank)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def case_ops():
+    comp = hvdcomp.TopK(ratio=0.05, seed=1, min_compress_numel=64)
+    g = torch.arange(2000, dtype=torch.float32) * (rank + 1)
+    for op in ("Min", "Max", "Product"):
+        out[op] = error_of(lambda: hvd.allreduce(g, name="g", op=getattr(hvd, op),
+                                                 compression=comp), hvdcomp.UnsupportedOpError)
+    out["store_after_refusals"] = comp.store.keys()
+    small = torch.full((10,), float(rank + 1))  # below min_compress_numel: exact
+    out["sum"] = hvd.allreduce(small, name="s", op=hvd.Sum, compression=comp).tolist()
+    out["avg"] = hvd.allreduce(small, name="s", op=hvd.Average, compression=comp).tolist()
+    out["prescaled_sum"] = hvd.allreduce(small, name="s", op=hvd.Sum, prescale_factor=0.5,
+                                         compression=comp).tolist()
+    out["postscaled_avg"] = hvd.allreduce(small, name="s", op=hvd.Average,
+                                          postscale_factor=3.0, compression=comp).tolist()
+    model = make_model(hidden=32)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvdcomp.Marsit(), op=hvd.Adasum)
+    out["adasum"] = error_of(lambda: train(model, opt, 1), hvdcomp.UnsupportedOpError)
+
+
+def case_setup():
+    pairs = {"class": (hvdcomp.Marsit, hvdcomp.TopK), "seed": (hvdcomp.Marsit, hvdcomp.Marsit),
+             "fusion": (hvdcomp.Marsit, hvdcomp.Marsit)}
+    args = {"class": ({}, {}), "seed": ({"seed": 1}, {"seed": 2}),
+            "fusion": ({}, {"fusion": "auto"})}
+    for what, classes in pairs.items():
+        comp = classes[rank % 2](**args[what][rank % 2])
+        out[what] = error_of(lambda: hvd.allreduce(torch.ones(3000), name=f"x.{what}",
+                                                   compression=comp),
+                             hvdcomp.SetupMismatchError)
+
+
+def case_amp():
+    """GradScaler with fp16 autocast on CPU: Horovod's AMP recipe; ``argv[2]`` the compression."""
+    compression = {"none": hvd.Compression.none, "marsit": hvdcomp.Marsit(seed=2)}[sys.argv[2]]
+    torch.manual_seed(0)
+    model = make_model(hidden=64)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression)
+    scaler = torch.amp.GradScaler("cpu")  # initial scale 65536: the first steps overflow fp16
+    losses, scales, identical = [], [], 0
+    for step in range(40):
+        xb, yb = batch(xtr, ytr, step, rank)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(xb) * 1e3, yb)  # large logits
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss))
+        scales.append(float(scaler.get_scale()))
+        identical += identical_across_ranks(model)
+    out.update(first_loss=float(np.mean(losses[:5])), last_loss=float(np.mean(losses[-5:])),
+               scales=scales, identical=identical, finite=all(
+                   bool(torch.isfinite(p).all()) for p in model.parameters()))
+    if isinstance(compression, hvdcomp.BatchedCompressor):
+        out["skipped"] = compression.state_dict()["skipped"]
+
+
+def case_reuse():
+    def run(compression):
+        torch.manual_seed(1)
+        model = make_model(hidden=32)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       named_parameters=model.named_parameters(),
+                                       compression=compression)
+        train(model, opt, 5)
+        return digest(model)
+
+    first = run(hvdcomp.TopK)  # a first training with the bare class (its default instance)
+    out["second_bare"] = run(hvdcomp.TopK)  # e.g. the next learning rate of a sweep
+    out["fresh"] = run(hvdcomp.TopK(ratio=0.01))  # what a new instance gives
+    out["first"] = first
+
+
+def case_params():
+    model = make_model(hidden=32)
+    if rank == 1:
+        model[2].weight.requires_grad_(False)  # this rank froze one layer's weight
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvdcomp.Marsit())
+    t0 = time.monotonic()
+    out["error"] = error_of(lambda: train(model, opt, 1), hvdcomp.RankMismatchError)
+    out["seconds"] = time.monotonic() - t0
+
+
+def case_sets():
+    own = SETS[rank // 2]
+    for name, make in (("marsit", lambda: hvdcomp.Marsit(min_compress_numel=10**6)),
+                       ("topk", lambda: hvdcomp.TopK(min_compress_numel=10**6))):
+        comp = make()
+        x = torch.full((3000,), float(rank))
+        out[name] = float(hvd.allreduce(x, name="x", op=hvd.Average, process_set=own,
+                                        compression=comp).mean())
+    # compressed, in both sets: the mean over the set of one constant per rank
+    comp = hvdcomp.TopK(ratio=1.0)
+    out["topk_compressed"] = hvd.allreduce(torch.full((3000,), float(rank)), name="y",
+                                           process_set=own, compression=comp)[:3].tolist()
+    # set 0 trains while set 1 does unrelated Horovod work: nobody waits for the other set
+    model = make_model(hidden=32)
+    torch.manual_seed(0)
+    if rank < 2:
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       named_parameters=model.named_parameters(),
+                                       compression=hvdcomp.Marsit(seed=1), process_set=own)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0, process_set=own)
+        train(model, opt, 5)
+    else:
+        for i in range(20):
+            hvd.allreduce(torch.ones(10), name=f"other.{i}", process_set=own)
+    out["digest"] = digest(model)
+
+
+{"ops": case_ops, "setup": case_setup, "amp": case_amp, "reuse": case_reuse,
+ "params": case_params, "sets": case_sets}[CASE]()
+report(rank=rank, **out)

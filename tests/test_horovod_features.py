@@ -1,0 +1,73 @@
+"""Horovod features combined with compression (issue 17) on real MPI ranks: each gives the right
+result or a clear HvdcompError on every rank, never a silently wrong result or a hang. Rank
+script: tests/mpi/horovod_features.py."""
+import pytest
+
+from mpirun import results, run
+
+
+def case(name, *args, ranks=2, timeout=150):
+    res = results(run(ranks, "horovod_features.py", name, *args, timeout=timeout))
+    assert sorted(res) == list(range(ranks))
+    return res
+
+
+@pytest.mark.timeout(200)
+def test_unsupported_reduction_ops_are_refused_and_scaling_is_honoured():
+    for rank, r in case("ops").items():
+        for op in ("Min", "Max", "Product"):
+            assert r[op] and r[op].startswith("UnsupportedOpError: TopK: tensor 'g' on rank "
+                                              f"{rank}"), r[op]
+            assert "op=hvd.Average or hvd.Sum" in r[op]
+        assert r["store_after_refusals"] == []  # nothing was reduced or kept
+        assert r["sum"] == [3.0] * 10 and r["avg"] == [1.5] * 10
+        assert r["prescaled_sum"] == [1.5] * 10 and r["postscaled_avg"] == [4.5] * 10
+        assert r["adasum"] and "UnsupportedOpError: Marsit" in r["adasum"]
+
+
+@pytest.mark.timeout(200)
+def test_ranks_with_different_compressors_or_settings_are_named():
+    for r in case("setup").values():
+        assert "SetupMismatchError" in r["class"]
+        assert "'class': rank 0: 'Marsit', rank 1: 'TopK'" in r["class"]
+        assert "'seed': rank 0: 1, rank 1: 2" in r["seed"]
+        assert "'fusion': rank 0: 'step', rank 1: 'auto'" in r["fusion"]
+
+
+@pytest.mark.timeout(300)
+def test_amp_grad_scaler_backs_off_as_with_horovods_allreduce():
+    """Default on_nonfinite ('propagate'): an overflowing step comes back non-finite on every
+    rank, so GradScaler skips it and halves its scale exactly as with Compression.none; the
+    compressor's state is left as it was (the step is counted as skipped) and training goes on."""
+    ref, got = case("amp", "none")[0], case("amp", "marsit")
+    assert ref["scales"][0] < 65536.0  # the recipe does overflow at the start
+    for r in got.values():
+        assert r["identical"] == 40 and r["finite"]
+        assert r["scales"][:3] == ref["scales"][:3]  # the same back-off as Horovod's own
+        assert r["skipped"] >= 1
+        assert r["last_loss"] < r["first_loss"]
+
+
+@pytest.mark.timeout(200)
+def test_a_second_training_with_the_bare_class_starts_fresh():
+    for r in case("reuse").values():
+        assert r["second_bare"] == r["fresh"]
+        assert r["first"] == r["fresh"]  # the same seeds: the first run was a fresh one too
+
+
+@pytest.mark.timeout(200)
+def test_ranks_with_different_parameters_are_named_within_seconds():
+    for r in case("params").values():
+        assert r["error"] and "RankMismatchError" in r["error"], r
+        assert "'2.weight' only on rank(s) [0]" in r["error"]
+        assert r["seconds"] < 20
+
+
+@pytest.mark.timeout(300)
+def test_process_sets_reduce_within_the_set():
+    res = case("sets", ranks=4, timeout=240)
+    for rank, r in res.items():
+        mean = 0.5 if rank < 2 else 2.5
+        assert r["marsit"] == mean and r["topk"] == mean
+        assert r["topk_compressed"] == [mean] * 3
+    assert res[0]["digest"] == res[1]["digest"]  # one model in the training set
