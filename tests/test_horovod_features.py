@@ -40,12 +40,12 @@ def test_amp_grad_scaler_backs_off_as_with_horovods_allreduce():
     rank, so GradScaler skips it and halves its scale exactly as with Compression.none; the
     compressor's state is left as it was (the step is counted as skipped) and training goes on."""
     ref, got = case("amp", "none")[0], case("amp", "marsit")
-    assert ref["scales"][0] < 65536.0  # the recipe does overflow at the start
+    assert ref["scales"][10] < 2.0**20  # the recipe does overflow for its first ~10 steps
     for r in got.values():
         assert r["identical"] == 40 and r["finite"]
-        assert r["scales"][:3] == ref["scales"][:3]  # the same back-off as Horovod's own
-        assert r["skipped"] >= 1
-        assert r["last_loss"] < r["first_loss"]
+        assert r["scales"][:13] == ref["scales"][:13]  # the same back-off as Horovod's own
+        assert r["skipped"] >= 10
+        assert r["last_loss"] < r["first_loss"] - 0.1
 
 
 @pytest.mark.timeout(200)
