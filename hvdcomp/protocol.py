@@ -25,15 +25,13 @@ feedback (``hvdcomp.feedback``) and preconditioning (``hvdcomp.preconditioning``
 not inherited. The class itself can be passed as ``compression=``: its methods then act on one
 default instance per class (``Cls.default()``).
 """
-import gc
 import logging
 import os
 import threading
-import weakref
 
 import numpy as np
 
-from hvdcomp import bucketing, checks, preconditioning, state, validate
+from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
 from hvdcomp.errors import HvdcompError, UnsupportedOpError
@@ -84,7 +82,7 @@ class BatchedCompressor:
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
         self.preconditioner = preconditioning.make(precondition)
         self._pending, self._pending_keys = [], set()
-        self._checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
+        self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()
         self._fusion_mode = validate.choice(
             "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
@@ -99,7 +97,6 @@ class BatchedCompressor:
         self.store = state.StateStore()
         self.engine = StepEngine(self, self.store, self.preconditioner, self.min_compress_numel,
                                  self.on_nonfinite)
-        self._owners = {}  # key -> weakref to the parameter whose state is stored under key
         self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
             self.engine, self._fusion_mode, self._fusion_cost)
 
@@ -146,11 +143,15 @@ class BatchedCompressor:
         adapter = adapter_for(tensor)
         ident = adapter.tensor_identity(tensor)
         with self._lock:
-            if ident.name is not None:
-                self._check_owner(ident.name, ident.owner)
-            self._bind(ident.process_set)
-            if ident.optimizer is not None and ident.optimizer not in self._checked:
-                self._check_parameters(adapter, ident.optimizer)
+            verdict = self._ownership.claim(ident.name, ident.owner, bool(self._pending))
+            if verdict == ownership.FRESH:
+                log.info("%s: a new training (its parameters replace gone ones): starting "
+                         "with fresh state", self.method)
+                self._start_fresh()
+            elif verdict == ownership.FORGET:
+                self.store.forget(ident.name)
+            self.engine.bind(ownership.process_set_ranks(ident.process_set))
+            self._ownership.check_parameters(self.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
                 # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter
                 # builds, in decompress(), a per-step op that calls reduce_now() with the value.
@@ -168,51 +169,6 @@ class BatchedCompressor:
             if self._fusion is not None:
                 self._fusion.arrived(entry)
         return adapter.placeholder(tensor, self._placeholder_values()), entry.ticket
-
-    def _bind(self, process_set):
-        """Reduce over Horovod ``process_set``'s ranks (None or the global set: every rank)."""
-        ranks = getattr(process_set, "ranks", None)
-        if ranks is not None and len(ranks) == world_size():
-            ranks = None
-        self.engine.bind(None if ranks is None else tuple(sorted(ranks)))
-
-    def _check_parameters(self, adapter, optimizer):
-        """At an optimizer's first gradient, before Horovod can stall on a tensor some rank never
-        submits: every rank (of the process set) must reduce the same parameters
-        (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
-        optimizer."""
-        names = adapter.parameter_names(optimizer)
-        if names is not None:
-            checks.agree_names(self.engine.context(), names, self.method,
-                               "the parameters their optimizer reduces")
-        self._checked.add(optimizer)
-
-    def _check_owner(self, key, owner):
-        """State is keyed by name, and a name's state belongs to one parameter (``owner``).
-        The same name on a new parameter while the earlier one is gone is a new training (a
-        learning-rate sweep or k-fold with the bare class): when every parameter seen so far is
-        gone the compressor starts fresh, as a new instance would, else that tensor's state is
-        dropped. Two live parameters under one name (two optimizers sharing a compressor) are
-        refused."""
-        if owner is None:
-            return
-        known = self._owners.get(key)
-        if known is not None and known() is not owner:
-            if known() is not None:
-                gc.collect()  # the earlier model may be held only by reference cycles
-            if known() is not None:
-                raise HvdcompError(
-                    f"{self.method}: two different parameters are both named {key!r} in one "
-                    "compressor, so their state would mix. When several optimizers share a "
-                    "compressor, give each its own instance: compression="
-                    f"hvdcomp.{type(self).__name__}().")
-            if not self._pending and all(ref() is None for ref in self._owners.values()):
-                log.info("%s: a new training (its parameters replace gone ones): starting "
-                         "with fresh state", self.method)
-                self._start_fresh()
-            else:
-                self.store.forget(key)
-        self._owners[key] = weakref.ref(owner)
 
     @default_instance
     def decompress(self, output, ctx):
@@ -287,42 +243,25 @@ class BatchedCompressor:
         """This rank's state (format 2, ``hvdcomp.state``), or with ``all_ranks=True`` every
         rank's, gathered on every rank (a collective: call it on all ranks; rank 0 can then
         save one file that restores every rank)."""
-        ctx = self.engine.context()
-        local = {"format": state.FORMAT, "method": self.method, "settings": self.settings(),
-                 "rank": ctx.rank, "size": ctx.size, "step": self.engine.step,
-                 "seed": self.seed, "skipped": self.engine.skipped, "state": self.store.to_host()}
+        fields = {"method": self.method, "settings": self.settings(), "step": self.engine.step,
+                  "seed": self.seed, "skipped": self.engine.skipped}
         if self._fusion is not None:
-            local["fusion"] = self._fusion.state()
-        if not all_ranks:
-            return local
-        return {"method": self.method, "format": state.FORMAT, "size": ctx.size,
-                "ranks": ctx.allgather_object(local)}
+            fields["fusion"] = self._fusion.state()
+        return state.checkpoint(self.engine.context(), fields, self.store, all_ranks)
 
     @default_instance
     def load_state_dict(self, checkpoint):
         """Restore what ``state_dict()`` returned (this rank's, or the all-ranks form; formats 1
         and 2)."""
-        ctx = self.engine.context()
-        if checkpoint.get("method") != self.method:
-            raise HvdcompError(f"{self.method}: checkpoint holds {checkpoint.get('method')!r} state")
-        if checkpoint.get("size") != ctx.size:
-            raise HvdcompError(
-                f"{self.method}: checkpoint was written by {checkpoint.get('size')} ranks, this "
-                f"job has {ctx.size}; per-rank compressor memory cannot be re-split")
-        if "ranks" in checkpoint:
-            checkpoint = checkpoint["ranks"][ctx.rank]
-        if checkpoint.get("rank") != ctx.rank:
-            raise HvdcompError(f"{self.method}: rank {ctx.rank} was given rank "
-                               f"{checkpoint.get('rank')}'s state")
-        values = state.read(checkpoint)
+        mine, values = state.this_ranks(checkpoint, self.method, self.engine.context())
         with self._lock:
             if self._pending:
                 raise HvdcompError(f"{self.method}: load_state_dict() in the middle of a step")
-            self.engine.step, self.seed = int(checkpoint["step"]), int(checkpoint["seed"])
-            self.engine.skipped = int(checkpoint.get("skipped", 0))
+            self.engine.step, self.seed = int(mine["step"]), int(mine["seed"])
+            self.engine.skipped = int(mine.get("skipped", 0))
             self.store.load(values)
             if self._fusion is not None:
-                self._fusion.load(checkpoint.get("fusion"))
+                self._fusion.load(mine.get("fusion"))
 
     # -- what a step did, and LayerFusion ------------------------------------------------------
     @property

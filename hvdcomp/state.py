@@ -101,6 +101,37 @@ class StateStore:
         self._staged, self._spares = {}, {}
 
 
+def checkpoint(ctx, fields, store, all_ranks):
+    """A checkpoint of ``store`` (this rank's committed values) with the compressor's
+    ``fields`` (method, settings, step, seed, skipped, fusion), for rank ``ctx.rank`` of
+    ``ctx.size``; with ``all_ranks`` every rank's, gathered (a collective)."""
+    local = {"format": FORMAT, **fields, "rank": ctx.rank, "size": ctx.size,
+             "state": store.to_host()}
+    if not all_ranks:
+        return local
+    return {"method": fields["method"], "format": FORMAT, "size": ctx.size,
+            "ranks": ctx.allgather_object(local)}
+
+
+def this_ranks(checkpoint, method, ctx):
+    """``(fields, values)`` of this rank from a checkpoint (one rank's or the all-ranks form,
+    any readable format); ``HvdcompError`` when it was written by another method, world size
+    or rank."""
+    from hvdcomp.errors import HvdcompError
+    if checkpoint.get("method") != method:
+        raise HvdcompError(f"{method}: checkpoint holds {checkpoint.get('method')!r} state")
+    if checkpoint.get("size") != ctx.size:
+        raise HvdcompError(
+            f"{method}: checkpoint was written by {checkpoint.get('size')} ranks, this "
+            f"job has {ctx.size}; per-rank compressor memory cannot be re-split")
+    if "ranks" in checkpoint:
+        checkpoint = checkpoint["ranks"][ctx.rank]
+    if checkpoint.get("rank") != ctx.rank:
+        raise HvdcompError(f"{method}: rank {ctx.rank} was given rank "
+                           f"{checkpoint.get('rank')}'s state")
+    return checkpoint, read(checkpoint)
+
+
 def read(checkpoint):
     """``checkpoint``'s per-tensor values, for any readable format (ValueError otherwise)."""
     fmt = checkpoint.get("format")

@@ -1,0 +1,72 @@
+"""Whose tensors a compressor serves: the parameters its per-tensor state belongs to, the
+Horovod process set it reduces over, and the optimizers whose parameter lists the ranks agreed
+on. ``hvdcomp.protocol.BatchedCompressor.compress`` consults one ``Ownership`` per compressor
+with each tensor's ``hvdcomp.frontends.Identity`` and acts on the answer."""
+import gc
+import weakref
+
+from hvdcomp import checks
+from hvdcomp.comm import world_size
+from hvdcomp.errors import HvdcompError
+
+FRESH, FORGET = "fresh", "forget"
+
+
+class Ownership:
+    """The owners of one compressor's state (``who``: the compressor, for messages)."""
+
+    def __init__(self, who):
+        self.who = who
+        self.owners = {}  # key -> weakref to the parameter whose state is stored under key
+        self.checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
+
+    def claim(self, key, owner, mid_step):
+        """Record ``owner`` (a parameter or variable, or None) as the owner of ``key``'s state.
+
+        Returns None (nothing to do), ``FRESH`` (every parameter seen so far is gone and a step
+        is not under way (``mid_step`` False): a new training, e.g. the next run of a
+        learning-rate sweep with the bare class; the caller starts from empty state, as a new
+        instance would) or ``FORGET`` (this key's earlier parameter is gone: drop its state).
+        Raises ``HvdcompError`` when another live parameter holds the name (two optimizers
+        sharing one compressor)."""
+        if owner is None:
+            return None
+        known = self.owners.get(key)
+        verdict = None
+        if known is not None and known() is not owner:
+            if known() is not None:
+                gc.collect()  # the earlier model may be held only by reference cycles
+            if known() is not None:
+                name = type(self.who).__name__
+                raise HvdcompError(
+                    f"{self.who.method}: two different parameters are both named {key!r} in one "
+                    "compressor, so their state would mix. When several optimizers share a "
+                    f"compressor, give each its own instance: compression=hvdcomp.{name}().")
+            gone = all(ref() is None for ref in self.owners.values())
+            verdict = FRESH if gone and not mid_step else FORGET
+        if verdict == FRESH:
+            self.owners = {}
+        self.owners[key] = weakref.ref(owner)
+        return verdict
+
+    def check_parameters(self, context, adapter, optimizer):
+        """At ``optimizer``'s first gradient, before Horovod can stall on a tensor some rank
+        never submits: every rank of ``context()`` (the compressor's ``CommContext``, asked for
+        only when there is something to check) must reduce the same parameters
+        (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
+        optimizer."""
+        if optimizer is None or optimizer in self.checked:
+            return
+        names = adapter.parameter_names(optimizer)
+        if names is not None:
+            checks.agree_names(context(), names, self.who.method,
+                               "the parameters their optimizer reduces")
+        self.checked.add(optimizer)
+
+
+def process_set_ranks(process_set):
+    """The sorted world ranks of a Horovod ``process_set``, or None for every rank."""
+    ranks = getattr(process_set, "ranks", None)
+    if ranks is None or len(ranks) == world_size():
+        return None
+    return tuple(sorted(ranks))
