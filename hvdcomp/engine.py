@@ -21,6 +21,7 @@ calls ``process(..., end_step=False)`` per bucket and ends the step itself with 
 ``skip_step`` or ``abort_step``.
 """
 import logging
+import math
 import time
 
 import numpy as np
@@ -68,7 +69,7 @@ class Entry:
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
-        self.numel = int(np.prod(self.shape, dtype=np.int64))
+        self.numel = math.prod(self.shape)
         self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
         self.work = adapter.working(tensor, "float32") if self.status == checks.OK else None
         self.dense = False

@@ -53,9 +53,16 @@ def parameter_names(optimizer):
     return sorted(names.get(p, "?") for p in getattr(optimizer, "_requires_update", ()))
 
 
+_DTYPE_NAMES = {}
+
+
 def describe_dtype(tensor):
-    name = str(tensor.dtype).replace("torch.", "")
-    return f"sparse {name}" if tensor.is_sparse else name
+    key = (tensor.dtype, tensor.is_sparse)
+    name = _DTYPE_NAMES.get(key)
+    if name is None:
+        name = str(tensor.dtype).replace("torch.", "")
+        name = _DTYPE_NAMES[key] = f"sparse {name}" if tensor.is_sparse else name
+    return name
 
 
 def is_supported(tensor):
@@ -65,7 +72,9 @@ def is_supported(tensor):
 def working(tensor, dtype):
     """A flat ``dtype`` ('float32'/'float64') view or copy of ``tensor``: a NumPy array for a CPU
     tensor, a tensor on its own device otherwise."""
-    flat = tensor.detach().reshape(-1).to(getattr(torch, dtype))
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype != getattr(torch, dtype):
+        flat = flat.to(getattr(torch, dtype))
     return flat.numpy() if flat.device.type == "cpu" else flat
 
 
@@ -73,8 +82,16 @@ def placeholder(tensor, values):
     """What goes through Horovod's allreduce instead of the gradient: ``values``
     (``hvdcomp.checks.placeholder_values``), whose reduced value tells decompress() the reduction
     op. Always float32: Horovod's allreduce takes no bf16, bool or integer placeholders we would
-    want."""
-    return torch.tensor(values, dtype=torch.float32, device=tensor.device)
+    want. (A copy of a cached tensor: Horovod reduces it in place.)"""
+    key = (tuple(values), tensor.device)
+    template = _PLACEHOLDERS.get(key)
+    if template is None:
+        template = _PLACEHOLDERS[key] = torch.tensor(values, dtype=torch.float32,
+                                                     device=tensor.device)
+    return template.clone()
+
+
+_PLACEHOLDERS = {}
 
 
 def reduced(output):
@@ -87,7 +104,10 @@ def restore(flat, like_shape, like_dtype, like_device):
     and device."""
     if isinstance(flat, np.ndarray):
         flat = torch.from_numpy(flat)
-    return flat.reshape(like_shape).to(device=like_device, dtype=like_dtype)
+    flat = flat.reshape(like_shape)
+    if flat.dtype != like_dtype or flat.device != like_device:
+        flat = flat.to(device=like_device, dtype=like_dtype)
+    return flat
 
 
 def meta(tensor):
