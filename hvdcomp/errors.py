@@ -27,3 +27,8 @@ class UnsupportedOpError(HvdcompError):
 
 class SetupMismatchError(RankMismatchError):
     """Ranks use different compressors or compressor settings for the same tensors."""
+
+
+class UnnamedTensorError(HvdcompError):
+    """A tensor reached a compressor with no name to keep its state under (e.g. hvd.allreduce
+    without ``name=``): see ``hvdcomp.frontends.naming``."""
