@@ -98,15 +98,14 @@ def _where():
 
 
 def unnamed(method, shape, dtype, advice=None):
-    """The ``UnnamedTensorError`` for a tensor of ``shape``/``dtype`` compressor ``method`` got
-    from no caller it can name."""
+    """The ``UnnamedTensorError`` for a tensor of ``shape``/``dtype`` that compressor ``method``
+    got from no caller it can name."""
     advice = advice or (
-        "It did not come from a Horovod DistributedOptimizer / DistributedGradientTape (which "
-        "name each gradient after its parameter), nor from hvd.allreduce / "
-        "hvd.grouped_allreduce with name=. Pass name= to hvd.allreduce, e.g. "
-        "hvd.allreduce(x, name='x', compression=...), with a name that is the same on every "
-        "rank and different for each tensor")
+        "It came neither from a Horovod DistributedOptimizer / DistributedGradientTape (which "
+        "name gradients after their parameters) nor from hvd.allreduce / hvd.grouped_allreduce "
+        "with name=. Pass name= to hvd.allreduce (e.g. hvd.allreduce(x, name='x', "
+        "compression=...))")
     return UnnamedTensorError(
-        f"{method}: cannot name a tensor of shape {list(shape)} and dtype {dtype}{_where()}; "
-        "hvdcomp keeps per-tensor state (error feedback) under the tensor's name, so unnamed "
-        f"tensors are refused. {advice}.")
+        f"{method}: cannot name a tensor of shape {list(shape)} and dtype {dtype}{_where()}. "
+        "hvdcomp keeps per-tensor state (error feedback) under each tensor's name. "
+        f"{advice}: the same name on every rank, a different one for each tensor.")

@@ -37,9 +37,8 @@ def tensor_identity(tensor, method):
     if not isinstance(name, str):
         a = np.asarray(tensor)
         raise unnamed(method, a.shape, a.dtype, advice=(
-            "A host array is named explicitly: comp.compress(hvdcomp.frontends.numpy.named("
-            "array, 'w')), with a name that is the same on every rank and different for each "
-            "tensor"))
+            "Name a host array explicitly: comp.compress(hvdcomp.frontends.numpy.named(array, "
+            "'w'))"))
     return Identity(name)
 
 
