@@ -56,7 +56,10 @@ def code_of(function):
 
 
 _served_lock = threading.Lock()
-_served = [None, set()]  # (sequence, positions already handed out) of the last ambiguous lookup
+# id(sequence) -> (sequence, positions handed out), for the last few sequences that held one
+# tensor object at several positions (the sequence is kept so that its id is not reused).
+_served = {}
+_SERVED_KEPT = 16
 
 
 def position(seq, tensor):
@@ -67,13 +70,15 @@ def position(seq, tensor):
     if len(hits) <= 1:
         return hits[0] if hits else None
     with _served_lock:
-        if _served[0] is not seq:
-            _served[0], _served[1] = seq, set()
-        free = [i for i in hits if i not in _served[1]]
-        if not free:  # the same sequence reduced again: start over
-            _served[1].difference_update(hits)
-            free = hits
-        _served[1].add(free[0])
+        kept = _served.pop(id(seq), None)
+        served = kept[1] if kept is not None and kept[0] is seq else set()
+        free = [i for i in hits if i not in served] or hits  # all served: a new reduction
+        if free is hits:
+            served.difference_update(hits)
+        served.add(free[0])
+        _served[id(seq)] = (seq, served)  # most recent last
+        while len(_served) > _SERVED_KEPT:
+            del _served[next(iter(_served))]
         return free[0]
 
 

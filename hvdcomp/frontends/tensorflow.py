@@ -27,11 +27,12 @@ from hvdcomp.frontends.naming import Caller, group_member, locate, position, unn
 DEFERRED = True
 
 
-# How far above compress() the Horovod call may be (AutoGraph's converted_call and its if/else
-# body functions sit in between: 5 frames seen), how far above that call the allreduce_grads of
-# a DistributedGradientTape/Optimizer (tf.cond's branch tracing in between: 23 frames seen), the
-# tape/optimizer object (Keras: 12 more) and hvd.keras.allreduce (1) may be.
-CALL_FRAMES, GRADS_FRAMES, OPTIMIZER_FRAMES, KERAS_FRAMES = 16, 64, 32, 4
+# How far above tensor_identity()'s caller the Horovod call may be (compress() and any wrapper
+# of it, AutoGraph's converted_call and if/else bodies in between: 10-14 frames measured), how
+# far above that call allreduce_grads (tf.cond's branch tracing in between: 23 measured), the
+# tape/optimizer object (2, Keras 12) and hvd.keras.allreduce (1) may be. A frame is claimed only
+# when it holds the tensor itself, so generous bounds cannot misname.
+CALL_FRAMES, GRADS_FRAMES, OPTIMIZER_FRAMES, KERAS_FRAMES = 40, 64, 40, 4
 _CALLERS = None
 
 
@@ -128,6 +129,7 @@ def _optimizer(frame):
     return None
 
 
+@tf.autograph.experimental.do_not_convert
 def tensor_identity(tensor, method):
     """The ``Identity`` of ``tensor`` for compressor ``method``'s ``compress()``: the variable's
     name for the gradients of DistributedGradientTape / DistributedOptimizer, else the
