@@ -37,6 +37,7 @@ import hvdcomp  # noqa: E402
 import hvdcomp.backend.topk as sel  # noqa: E402
 from hvdcomp.algorithms.topk import target_count  # noqa: E402
 from hvdcomp.comm import get_context  # noqa: E402
+from hvdcomp.frontends.numpy import named  # noqa: E402
 from hvdcomp.topk import exchange  # noqa: E402
 
 
@@ -128,7 +129,7 @@ def main():
     arr = g.numpy()
     for _ in range(2):  # a warm-up step (first touch of fresh memory), then the measured one
         quiet_barrier(comm)
-        ph, tk = comp.compress(arr)
+        ph, tk = comp.compress(named(arr, "g"))
         comp.decompress(ph, tk)
     st = comp.last_stats
     sent = np.array(comm.allgather(st.bytes_sent))

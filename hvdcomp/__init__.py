@@ -13,8 +13,8 @@ from hvdcomp.binsgdm import BinSGDM
 from hvdcomp.efsignsgd import EFSignSGD
 from hvdcomp.protocol import BatchedCompressor
 from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError,
-                            RankMismatchError, SetupMismatchError, UnsupportedOpError,
-                            UnsupportedTensorError)
+                            RankMismatchError, SetupMismatchError, UnnamedTensorError,
+                            UnsupportedOpError, UnsupportedTensorError)
 from hvdcomp.marsit import Marsit
 from hvdcomp.sketchfusion import SketchFusion
 from hvdcomp.stats import StepStats
@@ -26,4 +26,4 @@ __version__ = "0.1.0"
 __all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "EFSignSGD", "DEFAULT", "AdamSettings",
            "BatchedCompressor", "StepStats", "HvdcompError", "LaunchError",
            "NonFiniteGradientError", "RankMismatchError", "SetupMismatchError",
-           "UnsupportedOpError", "UnsupportedTensorError"]
+           "UnsupportedOpError", "UnsupportedTensorError", "UnnamedTensorError"]

@@ -141,7 +141,7 @@ class BatchedCompressor:
     def compress(self, tensor):
         """Record ``tensor`` for this step's batch; return (placeholder, ctx)."""
         adapter = adapter_for(tensor)
-        ident = adapter.tensor_identity(tensor)
+        ident = adapter.tensor_identity(tensor, self.method)  # or UnnamedTensorError
         with self._lock:
             verdict = self._ownership.claim(ident.name, ident.owner, bool(self._pending))
             if verdict == ownership.FRESH:
@@ -157,7 +157,7 @@ class BatchedCompressor:
                 # builds, in decompress(), a per-step op that calls reduce_now() with the value.
                 return (adapter.placeholder(tensor, self._placeholder_values()),
                         adapter.Deferred(self, ident.name, tensor))
-            key = ident.name if ident.name is not None else f"@{len(self._pending):06d}"
+            key = ident.name
             if key in self._pending_keys:
                 raise HvdcompError(
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "

@@ -1,14 +1,45 @@
-"""NumPy adapter, for direct use of the compressors on host arrays (tests, TensorFlow's
-numpy_function bridge)."""
+"""NumPy adapter, for direct use of the compressors on host arrays (tests, benchmarks, and
+TensorFlow's numpy_function bridge, which calls ``reduce_now(key, ...)`` with its own key).
+
+No Horovod call stands above a direct ``compress()``, so a host array is named explicitly::
+
+    ph, ctx = comp.compress(named(grad, "layer1.weight"))
+"""
 import numpy as np
 
 from hvdcomp.frontends import Identity
+from hvdcomp.frontends.naming import unnamed
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
-def tensor_identity(tensor, depth=8):
-    return Identity(None)
+class NamedArray(np.ndarray):
+    """A NumPy array carrying ``hvdcomp_name``, the name its compressor state is kept under."""
+    hvdcomp_name = None
+
+    def __array_finalize__(self, obj):
+        self.hvdcomp_name = getattr(obj, "hvdcomp_name", None)
+
+
+def named(array, name):
+    """``array`` (no copy) named ``name`` for ``compress()``: the same name on every rank, one
+    per tensor, and the same at every step."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    out = np.asarray(array).view(NamedArray)
+    out.hvdcomp_name = name
+    return out
+
+
+def tensor_identity(tensor, method):
+    """``Identity(name)`` of an array made by ``named()``; ``UnnamedTensorError`` otherwise."""
+    name = getattr(tensor, "hvdcomp_name", None)
+    if not isinstance(name, str):
+        a = np.asarray(tensor)
+        raise unnamed(method, a.shape, a.dtype, advice=(
+            "Name a host array explicitly: comp.compress(hvdcomp.frontends.numpy.named(array, "
+            "'w'))"))
+    return Identity(name)
 
 
 def describe_dtype(tensor):

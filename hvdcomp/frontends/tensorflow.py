@@ -11,51 +11,156 @@ Ordering: the op is stateful, and ``tf.function`` runs stateful ops in program o
 control dependencies; Horovod wraps each allreduce in a ``tf.cond``, which is stateful too), so
 hvdcomp's collectives run in trace order, the same on every rank. (No explicit chaining: each
 op lives in its own ``tf.cond`` branch graph, where a chain could not link them anyway.)
-TF1-style sessions (no automatic control dependencies) are not supported. State is keyed by the variable's name (read from Horovod's ``allreduce_grads``
-frame), so a retrace (new input shape) finds the same state.
+TF1-style sessions (no automatic control dependencies) are not supported.
+
+Naming (``callers()``, ``hvdcomp.frontends.naming``): state is keyed by the variable's name (read
+from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
+direct calls need ``name=``.
 """
 import sys
 
 import tensorflow as tf
 
 from hvdcomp.frontends import Identity
+from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
 
 DEFERRED = True
 
 
-def tensor_identity(tensor, depth=64):
-    """``(name, variable)``: the variable's name (with ``#index`` appended when the list holds
-    several variables of that name) for DistributedGradientTape/Optimizer gradients; else
-    ``(name, None)`` with the ``name=`` of ``hvd.allreduce``, or the graph tensor's name (None in
-    eager).
+# How far above tensor_identity()'s caller the Horovod call may be (compress() and any wrapper
+# of it, AutoGraph's converted_call and if/else bodies in between: 10-14 frames measured), how
+# far above that call allreduce_grads (tf.cond's branch tracing in between: 23 measured), the
+# tape/optimizer object (2, Keras 12) and hvd.keras.allreduce (1) may be. A frame is claimed only
+# when it holds the tensor itself, so generous bounds cannot misname.
+CALL_FRAMES, GRADS_FRAMES, OPTIMIZER_FRAMES, KERAS_FRAMES = 40, 64, 40, 4
+_CALLERS = None
 
-    Horovod's ``allreduce_grads(grads, vars)`` loops ``for i, grad in enumerate(grads)``; the
-    index ``i`` is a local of a frame below it (AutoGraph may add frames in between and rename
-    functions ``tf__...``), and ``vars[i]`` is the variable, named identically on every rank.
+
+def _in(module, name):
+    """A ``matches`` predicate: the frame runs function ``name`` of ``module``, as written or
+    as AutoGraph's conversion (``tf__<name>``, which keeps the module's globals)."""
+    names = (name, "tf__" + name)
+    return lambda frame: frame.f_globals is module.__dict__ and frame.f_code.co_name in names
+
+
+def callers():
+    """The table of horovod.tensorflow (0.28.1) functions that call ``compress()`` or stand
+    above such a call, and the locals each row reads (``hvdcomp.frontends.naming``); looked up
+    in this order (``tensor_identity``):
+
+    1. the call itself, ``allreduce`` or ``grouped_allreduce``, holding the tensor;
+    2. above it, ``allreduce_grads(grads, vars)``: every gradient path (DistributedGradientTape,
+       the legacy and the Keras DistributedOptimizer; default, ``num_groups`` and ``groups``)
+       calls (1) inside a ``tf.cond`` from there; the tensor is ``grads[i]``, named ``vars[i]``;
+    3. otherwise the call's ``name=``, or, without one, hvd.keras.allreduce's ``name`` when that
+       is the caller.
     """
-    frame = sys._getframe(2)
-    index, call_name = None, None
-    for _ in range(depth):
+    global _CALLERS
+    if _CALLERS is None:
+        try:
+            import horovod._keras as hvd_keras
+            import horovod.tensorflow as hvd
+        except ImportError:  # no Horovod: nothing can name a tensor
+            return ()
+        _CALLERS = (
+            Caller("horovod.tensorflow.allreduce (hvd.allreduce)",
+                   "tensor, name (None: unnamed), process_set", _in(hvd, "allreduce"), _direct),
+            Caller("horovod.tensorflow.grouped_allreduce (hvd.grouped_allreduce)",
+                   "tensors, name (member i is named '<name>_<i+1>of<n>', as Horovod names it), "
+                   "process_set", _in(hvd, "grouped_allreduce"), _direct_group),
+            Caller("horovod.tensorflow._make_cached_allreduce_grads_fn.<locals>.allreduce_grads",
+                   "grads (the tensor is grads[i]), vars (vars[i].name, '#i' appended when "
+                   "several variables share it), process_set; the optimizer: the nearest 'self' "
+                   "above with _allreduce_grads (the tape or optimizer)",
+                   _in(hvd, "allreduce_grads"), _gradients),
+            Caller("horovod._keras.allreduce (hvd.keras.allreduce)",
+                   "name (it names the constant that hvd.allreduce gets)",
+                   _in(hvd_keras, "allreduce"), _keras_direct),
+        )
+    return _CALLERS
+
+
+def _direct(frame, tensor):
+    loc = frame.f_locals
+    if loc.get("tensor") is not tensor:
+        return None
+    return Identity(loc.get("name"), None, loc.get("process_set"), None)
+
+
+def _direct_group(frame, tensor):
+    loc = frame.f_locals
+    tensors, name = loc.get("tensors") or (), loc.get("name")
+    index = position(tensors, tensor)
+    if index is None:
+        return None
+    name = None if name is None else group_member(name, index, len(tensors))
+    return Identity(name, None, loc.get("process_set"), None)
+
+
+def _gradients(frame, tensor):
+    loc = frame.f_locals
+    grads, vars_ = loc.get("grads"), loc.get("vars")
+    index = position(grads or (), tensor)
+    if index is None or not isinstance(vars_, (list, tuple)) or index >= len(vars_):
+        return None
+    name = vars_[index].name
+    if sum(v.name == name for v in vars_) > 1:  # e.g. two standalone layers' 'kernel:0'
+        name = f"{name}#{index}"
+    return Identity(name, vars_[index], loc.get("process_set"), _optimizer(frame.f_back))
+
+
+def _keras_direct(frame, tensor):
+    name = frame.f_locals.get("name")
+    return Identity(name, None, None, None) if isinstance(name, str) else None
+
+
+def _optimizer(frame):
+    """The DistributedGradientTape / DistributedOptimizer above ``allreduce_grads``: the nearest
+    ``self`` with Horovod's ``_allreduce_grads`` (not the gradient-aggregation helper of
+    ``backward_passes_per_step``), or None."""
+    for _ in range(OPTIMIZER_FRAMES):
         if frame is None:
-            break
-        loc = frame.f_locals
-        if index is None and "grad" in loc and isinstance(loc.get("i"), int):
-            index = loc["i"]
-        vars_ = loc.get("vars")
-        if index is not None and isinstance(vars_, (list, tuple)) and index < len(vars_):
-            name = vars_[index].name
-            if sum(v.name == name for v in vars_) > 1:  # e.g. two standalone layers' 'kernel:0'
-                name = f"{name}#{index}"
-            return Identity(name, vars_[index])
-        if call_name is None and frame.f_code.co_name.endswith("allreduce") \
-                and isinstance(loc.get("name"), str):
-            call_name = loc["name"]
+            return None
+        obj = frame.f_locals.get("self")
+        if getattr(obj, "_allreduce_grads", None) is not None \
+                and "gradient_aggregation" not in type(obj).__module__:
+            return obj
         frame = frame.f_back
-    if call_name is not None:
-        return Identity(call_name)
-    if not tf.executing_eagerly() and hasattr(tensor, "name"):
-        return Identity(tensor.name)
-    return Identity(None)
+    return None
+
+
+@tf.autograph.experimental.do_not_convert
+def tensor_identity(tensor, method):
+    """The ``Identity`` of ``tensor`` for compressor ``method``'s ``compress()``: the variable's
+    name for the gradients of DistributedGradientTape / DistributedOptimizer, else the
+    ``name=`` of hvd.allreduce (``callers()``); ``UnnamedTensorError`` otherwise.
+
+    Graph tensors (inside tf.function) get no name of their own: ``mul:0`` is stable across
+    ranks only while every rank traces the same program, repeats across tf.functions (two
+    functions each have an ``add:0``, whose states would mix) and shifts when a retrace adds
+    ops; they are named like eager ones, by ``name=``."""
+    table = callers()
+    hit = locate(tensor, table[:2], sys._getframe(1), CALL_FRAMES) if table else None
+    identity = None
+    if hit is not None:
+        frame, identity = hit
+        above = locate(tensor, table[2:3], frame.f_back, GRADS_FRAMES)
+        if above is not None:
+            identity = above[1]
+        elif identity.name is None:
+            keras = locate(tensor, table[3:], frame.f_back, KERAS_FRAMES)
+            identity = keras and keras[1]
+    if identity is None or not isinstance(identity.name, str):
+        shape = tensor.shape.as_list() if tensor.shape.rank is not None else ["unknown"]
+        raise unnamed(method, shape, tensor.dtype.name)
+    return identity
+
+
+def parameter_names(optimizer):
+    """None: a TensorFlow tape or optimizer learns its variables only when gradients are
+    reduced, so there is no list to agree on beforehand (each step's batch agreement compares
+    the tensors)."""
+    return None
 
 
 def placeholder(tensor, values):
@@ -67,12 +172,8 @@ def placeholder(tensor, values):
 class Deferred:
     """The ``ctx`` of a traced tensor: builds the per-step reduction op in ``decompress``."""
     DEFERRED = True
-    _anonymous = 0
 
     def __init__(self, compressor, name, tensor):
-        if name is None:  # eager hvd.allreduce without a name: number calls in program order
-            Deferred._anonymous += 1
-            name = f"@tf{Deferred._anonymous:06d}"
         self.compressor, self.key, self.tensor = compressor, name, tensor
 
     def build(self, output):

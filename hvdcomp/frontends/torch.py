@@ -10,41 +10,102 @@ import numpy as np
 import torch
 
 from hvdcomp.frontends import Identity
+from hvdcomp.frontends.naming import Caller, code_of, find, group_member, position, unnamed
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-# Functions of horovod.torch whose local ``name`` is the tensor's Horovod name.
-_NAMED_CALLERS = ("_allreduce_grad_async", "allreduce", "allreduce_async", "allreduce_")
+# How far above compress() the Horovod caller may be: a comprehension's frame (Python <= 3.11)
+# and a user's wrapper around the compressor fit.
+FRAMES = 6
+_CALLERS = None
 
 
-def tensor_identity(tensor, depth=8):
-    """``(name, parameter)`` of ``tensor`` as Horovod knows it, read from the calling Horovod
-    frame; ``(None, None)`` when not called from horovod.torch, ``parameter`` None for
-    ``hvd.allreduce``.
+def callers():
+    """The table of horovod.torch (0.28.1) functions that call ``compress()``, and the locals
+    each row reads (``hvdcomp.frontends.naming``). Only ``allreduce`` and ``grouped_allreduce``
+    take ``compression=`` among the direct calls (``allreduce_async``, ``allreduce_``,
+    ``grouped_allreduce_async`` ... take none, so they never reach a compressor)."""
+    global _CALLERS
+    if _CALLERS is None:
+        try:
+            from horovod.torch import mpi_ops
+            from horovod.torch.optimizer import _DistributedAdasumOptimizer as Adasum
+            from horovod.torch.optimizer import _DistributedOptimizer as Opt
+        except ImportError:  # no Horovod: nothing can name a tensor
+            return ()
+        _CALLERS = (
+            Caller("horovod.torch.optimizer._DistributedOptimizer._allreduce_grad_async",
+                   "tensor (p.grad, or its dense copy), p (the parameter), name "
+                   "(self._parameter_names[p]), self (the optimizer; self.process_set)",
+                   code_of(Opt._allreduce_grad_async), _optimizer_one),
+            Caller("horovod.torch.optimizer._DistributedOptimizer._grouped_allreduce_grad_async"
+                   " (num_groups= / groups=)",
+                   "ps (the group's parameters: the tensor is p.grad of one), self "
+                   "(self._parameter_names[p], self.process_set)",
+                   code_of(Opt._grouped_allreduce_grad_async), _optimizer_group),
+            Caller("horovod.torch.optimizer._DistributedAdasumOptimizer._allreduce_grad_async",
+                   "p (the tensor itself: Adasum compresses the parameter's delta), name, self",
+                   code_of(Adasum._allreduce_grad_async), _optimizer_adasum),
+            Caller("horovod.torch.mpi_ops.allreduce (hvd.allreduce)",
+                   "tensor, name (None: unnamed), process_set",
+                   code_of(mpi_ops.allreduce), _direct),
+            Caller("horovod.torch.mpi_ops.grouped_allreduce (hvd.grouped_allreduce)",
+                   "tensors, name (member i is named '<name>_<i+1>of<n>', as Horovod names it), "
+                   "process_set", code_of(mpi_ops.grouped_allreduce), _direct_group),
+        )
+    return _CALLERS
 
-    horovod.torch's DistributedOptimizer passes only the gradient to ``compress()``; the
-    parameter and its name (identical on every rank) are locals of its caller, so we read them
-    there.
-    """
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            break
-        loc = frame.f_locals
-        name = loc.get("name")
-        if frame.f_code.co_name in _NAMED_CALLERS and isinstance(name, str):
-            opt = loc.get("self")
-            return Identity(name, loc.get("p"), loc.get("process_set",
-                                                          getattr(opt, "process_set", None)),
-                            opt if hasattr(opt, "_requires_update") else None)
-        parent = frame.f_back
-        if "p" in loc and parent is not None and parent.f_code.co_name == "_grouped_allreduce_grad_async":
-            names = getattr(parent.f_locals.get("self"), "_parameter_names", {})
-            if loc["p"] in names:
-                opt = parent.f_locals.get("self")
-                return Identity(names[loc["p"]], loc["p"], getattr(opt, "process_set", None), opt)
-        frame = parent
-    return Identity(None)
+
+def _optimizer_one(frame, tensor):
+    loc = frame.f_locals
+    opt, name = loc.get("self"), loc.get("name")
+    if loc.get("tensor") is not tensor or not isinstance(name, str):
+        return None
+    return Identity(name, loc.get("p"), getattr(opt, "process_set", None), opt)
+
+
+def _optimizer_group(frame, tensor):
+    loc = frame.f_locals
+    opt = loc.get("self")
+    for p in loc.get("ps") or ():
+        if p.grad is tensor:
+            name = opt._parameter_names.get(p)
+            return Identity(name, p, opt.process_set, opt) if isinstance(name, str) else None
+    return None
+
+
+def _optimizer_adasum(frame, tensor):
+    loc = frame.f_locals
+    name = loc.get("name")
+    if loc.get("p") is not tensor or not isinstance(name, str):
+        return None
+    return Identity(name, tensor, None, loc.get("self"))
+
+
+def _direct(frame, tensor):
+    loc = frame.f_locals
+    name = loc.get("name")
+    if loc.get("tensor") is not tensor or not isinstance(name, str):
+        return None
+    return Identity(name, None, loc.get("process_set"), None)
+
+
+def _direct_group(frame, tensor):
+    loc = frame.f_locals
+    tensors, name = loc.get("tensors") or (), loc.get("name")
+    index = position(tensors, tensor)
+    if index is None or not isinstance(name, str):
+        return None
+    return Identity(group_member(name, index, len(tensors)), None, loc.get("process_set"), None)
+
+
+def tensor_identity(tensor, method):
+    """The ``Identity`` of ``tensor`` as the horovod.torch call that passed it to compressor
+    ``method``'s ``compress()`` knows it (``callers()``); ``UnnamedTensorError`` if none does."""
+    identity = find(tensor, callers(), sys._getframe(1), FRAMES + 1)
+    if identity is None:
+        raise unnamed(method, tuple(tensor.shape), describe_dtype(tensor))
+    return identity
 
 
 def parameter_names(optimizer):

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 
 import hvdcomp
+from hvdcomp.frontends.numpy import named
 from report import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,7 +24,8 @@ for name, make in MAKERS.items():
     case, comp = saved[name], make()
     assert case["state"]["format"] == 1
     comp.load_state_dict(case["state"])
-    tickets = [comp.compress(g) for g in case["grads"]]
+    # format 1 kept unnamed NumPy arrays under their arrival order, '@000000', '@000001'
+    tickets = [comp.compress(named(g, f"@{i:06d}")) for i, g in enumerate(case["grads"])]
     got = [comp.decompress(p, c) for p, c in tickets]
     out[name] = all(np.array_equal(a, b) for a, b in zip(got, case["expected"]))
     resaved = comp.state_dict()

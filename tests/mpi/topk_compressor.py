@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdcomp
+from hvdcomp.frontends.numpy import named
 from report import report
 
 world = MPI.COMM_WORLD
@@ -31,13 +32,13 @@ def grads(step):
 
 
 def run_step(comp, step):
-    tickets = [comp.compress(g) for g in grads(step)]
+    tickets = [comp.compress(named(g, f"t{t}")) for t, g in enumerate(grads(step))]
     return [comp.decompress(ph, ctx) for ph, ctx in tickets]
 
 
 def memories(comp):
     mem = comp.state_dict()["state"]
-    return [mem.get(f"@{t:06d}", np.zeros(n, np.float32)) for t, n in enumerate(SIZES[:2])]
+    return [mem.get(f"t{t}", np.zeros(n, np.float32)) for t, n in enumerate(SIZES[:2])]
 
 
 def digest(arrays):
