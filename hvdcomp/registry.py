@@ -24,8 +24,8 @@ Adding a method: its module in hvdcomp/, its export in hvdcomp/__init__.py, and 
 ``EXPECT`` entry. Every all-methods test and benchmark then picks it up; nothing else changes.
 
     >>> from hvdcomp import registry
-    >>> comp = registry.build("marsit-adam", seed=1)       # hvdcomp.Marsit(precondition="adam", seed=1)
-    >>> registry.lr_momentum("marsit-adam", "digits")      # (0.004, 0.0)
+    >>> comp = registry.build("marsit-adam", seed=1)  # Marsit(precondition="adam", seed=1)
+    >>> registry.lr_momentum("marsit-adam", "digits")  # (0.004, 0.0)
 """
 from dataclasses import dataclass, field
 from types import MappingProxyType
