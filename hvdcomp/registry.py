@@ -124,8 +124,8 @@ PRESETS = {
     "sketchfusion-adam": Preset(SketchFusion, {"precondition": "adam"},
                                 {"digits": _sgd(0.008, 0.0), "charlm": _sgd(9e-3, 0.0)}),
     # EF-signSGD: rates in benchmarks/convergence_tuning.md ("efsignsgd") and tests/conftest.py
-    "efsignsgd": Preset(EFSignSGD, {}, {"digits": _sgd(0.04), "charlm": _adam(9e-3),
-                                        "digits-test": _sgd(0.04),
+    "efsignsgd": Preset(EFSignSGD, {}, {"digits": _sgd(0.02), "charlm": _adam(3e-3),
+                                        "digits-test": _sgd(0.025),
                                         "tf-test": _sgd(0.02, 0.0)}),
 }
 
