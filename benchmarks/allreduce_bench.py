@@ -7,8 +7,8 @@ and every method, every rank draws its own N(0, 1) float32 gradient (torch, CPU)
     hvd.allreduce(grad, name=..., op=hvd.Average, compression=C)
 
 with C = hvd.Compression.none ("hvd-fp32"), hvd.Compression.fp16 ("hvd-fp16") or a fresh hvdcomp
-compressor instance (Marsit, BinSGDM, TopK, SketchFusion: every one importable and not raising
-NotImplementedError; default settings). hvdcomp compressors take this exact path in training
+compressor instance (by default every method of hvdcomp/registry.py; default settings). hvdcomp
+compressors take this exact path in training
 (compress -> Horovod placeholder -> decompress), so the time is what a training step pays.
 
 Per (size, method): ``--warmup`` calls, then ``--reps`` timed calls, each preceded by a barrier;
@@ -35,9 +35,10 @@ import torch
 import horovod.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import hvdcomp  # noqa: E402
+import hvdcomp  # noqa: E402,F401
+from hvdcomp import registry  # noqa: E402
 
-ALL_METHODS = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
+ALL_METHODS = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
 
 
 def parse_size(s):
@@ -62,7 +63,7 @@ def make_compression(method):
         return hvd.Compression.none
     if method == "hvd-fp16":
         return hvd.Compression.fp16
-    return getattr(hvdcomp, method)()
+    return registry.METHODS[method]()
 
 
 def main():

@@ -15,8 +15,11 @@ meets the target (1 pp / 2%), bytes sent per step per rank (measured by hvdcomp 
 computed as the ring all-reduce equivalent for Horovod's none/fp16), and the first evaluated step
 at which the seed-mean curve reaches the baseline's final seed-mean quality.
 
-Hyperparameters are the examples' per-method DEFAULTS (see benchmarks/convergence_tuning.md);
-``--lr-scales`` multiplies each method's default learning rate (a sweep: one row per scale).
+Settings: Horovod's ``none`` and ``fp16``, then every preset of hvdcomp/registry.py marked
+``benchmark`` (so a method added there is run here too). Hyperparameters are the examples'
+per-method DEFAULTS, i.e. the registry's "digits" and "charlm" rates (see
+benchmarks/convergence_tuning.md); ``--lr-scales`` multiplies each method's default learning
+rate (a sweep: one row per scale).
 """
 import argparse
 import csv
@@ -31,8 +34,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ["none", "fp16", "marsit", "marsit-global", "binsgdm", "topk", "sketchfusion", "marsit-rms",
-           "topk-rms", "sketchfusion-rms", "marsit-adam", "topk-adam", "sketchfusion-adam"]
+sys.path.insert(0, ROOT)
+from hvdcomp import registry  # noqa: E402
+
+METHODS = ["none", "fp16"] + [name for name, p in registry.PRESETS.items() if p.benchmark]
 # script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
 TASKS = {
     "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,
@@ -116,20 +121,9 @@ def launch(args, task, runs, out):
                      "in_runs_s": sum(r.get("wall", 0.0) for r in records)}
 
 
-_DEFAULTS = {}
-
-
 def default_lr(task, method):
-    """The example's DEFAULTS learning rate for ``method`` (read from the example module)."""
-    if task not in _DEFAULTS:
-        import importlib.util
-        path = os.path.join(ROOT, TASKS[task]["script"])
-        spec = importlib.util.spec_from_file_location(f"_example_{task}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _DEFAULTS[task] = mod.DEFAULTS
-    d = _DEFAULTS[task][method]
-    return d[0] if isinstance(d[0], float) else d[1]
+    """The example's default learning rate for ``method`` (hvdcomp.registry, task ``task``)."""
+    return registry.rates(method, task).lr
 
 
 def mean_curve(recs, metric):

@@ -15,43 +15,51 @@ Prediction for NODES x PER_NODE ranks (default 8 x 8) at 10 and 25 Gbit/s, assum
 - one rank per GPU, each rank's encode/decode as fast per element as a rank here (c unchanged).
   Here 4 ranks share 2 CPU cores and other jobs, so c is pessimistic for CPUs and says nothing
   about GPU kernels (not measured: no GPU);
-- the link bytes per host scale with the method's traffic law from the measured 2 x 2 figure
-  (per element): flat ring over P ranks ordered by node (Horovod fp32/fp16 via MPI, Marsit,
-  SketchFusion): 2(P-1)/P; BinSGDM (intra-node int8, 1 bit per element to every other node):
-  N-1; TopK tree: 8 + 4 ceil(log2 P) + 8 (P-1)/P bytes per selected element;
+- the link bytes per host scale with the method's traffic law (``hvdcomp.registry.EXPECT[m]
+  .traffic``) from the measured 2 x 2 figure (per element): flat ring over P ranks ordered by
+  node ('ring': Horovod fp32/fp16 via MPI, Marsit; 'two-rings': SketchFusion): 2(P-1)/P;
+  'nodes' (BinSGDM: intra-node int8, 1 bit per element to every other node): N-1; 'tree'
+  (TopK): 8 + 4 ceil(log2 P) + 8 (P-1)/P bytes per selected element; 'allgather' (EFSignSGD:
+  every rank's bits to every other rank): P-1;
 - the fixed cost a scales with the number of sequential message rounds: ring 2(P-1); BinSGDM
-  2(L-1) + (N-1); TopK 2 ceil(log2 P) + 2(P-1); SketchFusion two rings 4(P-1);
+  2(L-1) + (N-1); TopK 2 ceil(log2 P) + 2(P-1); SketchFusion two rings 4(P-1); all-gather P-1;
 - the links run at the same efficiency b as the emulated ones; no congestion in the switch
   (full bisection), no overlap with the backward pass (one blocking all-reduce).
 """
 import json
 import math
+import os
 import sys
 
 import numpy as np
 from scipy.optimize import nnls
 
-ORDER = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdcomp import registry  # noqa: E402
+
+ORDER = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
+
+
+def law(method):
+    """The traffic law of ``method`` (Horovod's own: a ring)."""
+    return registry.EXPECT[method].traffic if method in registry.EXPECT else "ring"
 
 
 def traffic_scale(method, nodes, per_node):
     p = nodes * per_node
-    if method == "BinSGDM":
-        return max(nodes - 1, 0)
-    if method == "TopK":
-        return 8 + 4 * math.ceil(math.log2(p)) + 8 * (p - 1) / p
-    return 2 * (p - 1) / p
+    return {"nodes": lambda: max(nodes - 1, 0),
+            "tree": lambda: 8 + 4 * math.ceil(math.log2(p)) + 8 * (p - 1) / p,
+            "allgather": lambda: p - 1,
+            }.get(law(method), lambda: 2 * (p - 1) / p)()
 
 
 def rounds(method, nodes, per_node):
     p = nodes * per_node
-    if method == "BinSGDM":
-        return 2 * (per_node - 1) + (nodes - 1)
-    if method == "TopK":
-        return 2 * math.ceil(math.log2(p)) + 2 * (p - 1)
-    if method == "SketchFusion":
-        return 4 * (p - 1)
-    return 2 * (p - 1)
+    return {"nodes": lambda: 2 * (per_node - 1) + (nodes - 1),
+            "tree": lambda: 2 * math.ceil(math.log2(p)) + 2 * (p - 1),
+            "two-rings": lambda: 4 * (p - 1),
+            "allgather": lambda: p - 1,
+            }.get(law(method), lambda: 2 * (p - 1))()
 
 
 def load(path):

@@ -7,7 +7,7 @@
 A model with many small layers and a few large ones (2 large 256x1024 / 1024x256 linears, two
 64k-element linears, 24 small 64x64 linears: 56 gradient tensors, 0.8 M parameters) is trained
 with the stock ``horovod.torch.DistributedOptimizer`` (SGD) on random data, for each compressor
-(SketchFusion, Marsit, TopK) with three ``fusion=`` settings of the same compressor:
+(every method of hvdcomp/registry.py, default settings) with three ``fusion=`` settings of the same compressor:
 'layerwise' (one bucket per tensor, reduced as soon as it is ready), 'auto' (LayerFusion: buckets
 planned from the measured backward timing and the compressor's own timed reductions) and 'step'
 (one batch per step at the first decompress: no overlap). Each setting has its own model,
@@ -28,12 +28,11 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hvdcomp  # noqa: E402  (before horovod: mpi4py owns MPI, see hvdcomp.comm.context)
+from hvdcomp import registry  # noqa: E402
 import horovod.torch as hvd  # noqa: E402
 
 MODES = ("layerwise", "auto", "step")
-COMPRESSORS = {"SketchFusion": lambda f: hvdcomp.SketchFusion(fusion=f),
-               "Marsit": lambda f: hvdcomp.Marsit(fusion=f),
-               "TopK": lambda f: hvdcomp.TopK(fusion=f)}
+COMPRESSORS = {m: (lambda f, cls=cls: cls(fusion=f)) for m, cls in registry.METHODS.items()}
 WARMUP = 4
 
 

@@ -11,7 +11,10 @@ import json
 import os
 import sys
 
-ORDER = ["hvd-fp32", "hvd-fp16", "Marsit", "BinSGDM", "TopK", "SketchFusion"]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdcomp import registry  # noqa: E402
+
+ORDER = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
 COLS = ["rate", "elements", "method", "status", "ms", "encode_ms", "comm_ms", "decode_ms",
         "bytes_per_rank", "bytes_kind", "link_bytes_per_host", "speedup_vs_fp32",
         "speedup_vs_fp16", "comm_speedup_vs_fp32", "comm_speedup_vs_fp16", "reps"]

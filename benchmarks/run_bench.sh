@@ -22,7 +22,7 @@ SIZES=${SIZES:-1M,5M,25M}
 REPS=${REPS:-3}
 HOSTS=${HOSTS:-2}
 PER_HOST=${PER_HOST:-2}
-METHODS=${METHODS:-hvd-fp32,hvd-fp16,Marsit,BinSGDM,TopK,SketchFusion}
+METHODS=${METHODS:-}  # default: hvd-fp32, hvd-fp16 and every method of hvdcomp/registry.py
 JOB_TIMEOUT=${JOB_TIMEOUT:-900}
 OUT=${OUT:-$ROOT/results/bench-$(date +%Y%m%d-%H%M%S)}
 CLUSTER="$HERE/cluster.sh"
@@ -58,12 +58,12 @@ s='$rate'.lower()
 for suf,m in (('gbit',1e9),('mbit',1e6),('kbit',1e3)):
     if s.endswith(suf): print(float(s[:-len(suf)])*m); break")
     "$CLUSTER" run --per-host "$PER_HOST" --timeout "$JOB_TIMEOUT" -- \
-        "$PY" "$HERE/allreduce_bench.py" --sizes "$SIZES" --methods "$METHODS" --reps "$REPS" \
+        "$PY" "$HERE/allreduce_bench.py" --sizes "$SIZES" ${METHODS:+--methods "$METHODS"} --reps "$REPS" \
         --max-seconds 45 --label "$rate" --rate-bps "$rate_bps" --measured-bps "$measured" \
         --out "$OUT/raw.jsonl"
     if [ "${TRAIN:-1}" = 1 ]; then
         "$CLUSTER" run --per-host "$PER_HOST" --timeout "$JOB_TIMEOUT" -- \
-            "$PY" "$HERE/train_step_bench.py" --methods "$METHODS" --label "$rate" \
+            "$PY" "$HERE/train_step_bench.py" ${METHODS:+--methods "$METHODS"} --label "$rate" \
             --out "$OUT/train.jsonl" || echo "train-step bench at $rate failed (see above)"
     fi
 done

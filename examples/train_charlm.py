@@ -25,36 +25,29 @@ import torch
 import torch.nn.functional as F
 import horovod.torch as hvd
 
-import hvdcomp
+from hvdcomp import registry
 
-# Compressors as configured for this task (constructor arguments documented in the README).
+# Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (constructor
+# arguments documented in the README).
 COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
-    "marsit": lambda: hvdcomp.Marsit(),
-    "marsit-global": lambda: hvdcomp.Marsit(compensation="global"),  # the paper's memory
-    "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
-    "binsgdm": lambda: hvdcomp.BinSGDM(),
-    "topk": lambda: hvdcomp.TopK(),
-    "sketchfusion": lambda: hvdcomp.SketchFusion(),
-    "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
-    "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
-    "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
-    # precondition='adam': the compressor carries Adam and compresses momentum (inner: plain SGD)
-    "marsit-adam": lambda: hvdcomp.Marsit(precondition="adam"),
-    "topk-adam": lambda: hvdcomp.TopK(precondition="adam"),
-    "sketchfusion-adam": lambda: hvdcomp.SketchFusion(precondition="adam"),
+    **{name: (lambda name=name: registry.build(name)) for name in registry.PRESETS},
 }
 
-# Per-method (optimizer, learning rate), chosen once for this task by the equal-effort sweep in
-# benchmarks/convergence_tuning.md and used for every seed. BinSGDM is itself the optimizer
-# (momentum + sign votes), so its inner optimizer is plain SGD.
-DEFAULTS = {"none": ("adam", 9e-3), "fp16": ("adam", 9e-3), "marsit": ("adam", 9e-3),
-            "marsit-global": ("adam", 9e-3), "marsit-local": ("adam", 3e-3),
-            "binsgdm": ("sgd", 9e-3), "topk": ("adam", 2.7e-2), "sketchfusion": ("adam", 9e-3),
-            "marsit-rms": ("adam", 9e-3), "topk-rms": ("adam", 2.7e-2),
-            "sketchfusion-rms": ("adam", 9e-3), "marsit-adam": ("sgd", 9e-3),
-            "topk-adam": ("sgd", 9e-3), "sketchfusion-adam": ("sgd", 9e-3)}
+
+def _optimizer(rates):
+    """'adam', 'sgd' or 'sgdm' (SGD with momentum 0.9) for a registry.Rates."""
+    if rates.optimizer == "adam":
+        return "adam"
+    return "sgdm" if rates.momentum else "sgd"
+
+
+# Per-method (optimizer, learning rate) for this task ("charlm" in hvdcomp/registry.py), chosen
+# once by the equal-effort sweep in benchmarks/convergence_tuning.md and used for every seed.
+# BinSGDM is itself the optimizer (momentum + sign votes), so its inner optimizer is plain SGD.
+DEFAULTS = {name: (_optimizer(registry.rates(name, "charlm")), registry.rates(name, "charlm").lr)
+            for name in COMPRESSIONS}
 
 
 def load_text(val_fraction=0.1):

@@ -16,6 +16,10 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 
 import hvdcomp
+from hvdcomp import registry
+
+# Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py.
+CHOICES = ["marsit", "none", "fp16"] + [n for n in registry.PRESETS if n != "marsit"]
 
 
 def say(msg):
@@ -42,26 +46,33 @@ def make_model():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["tape", "keras"], default="tape")
-    ap.add_argument("--compression", choices=["marsit", "none", "fp16"], default="marsit")
+    ap.add_argument("--compression", choices=CHOICES, default="marsit")
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: per method (hvdcomp.registry, task 'tf-digits', else 'digits')")
+    ap.add_argument("--momentum", type=float, default=None, help="default: per method")
     ap.add_argument("--ckpt", default=None, help="write a checkpoint (model + hvdcomp state) here")
     args = ap.parse_args()
     hvd.init()
     tf.keras.utils.set_random_seed(0)
     (xs, ys), (xte, yte) = data(hvd.rank(), hvd.size())
-    compression = {"marsit": hvdcomp.Marsit(), "none": hvd.Compression.none,
-                   "fp16": hvd.Compression.fp16}[args.compression]
+    if args.compression in ("none", "fp16"):
+        compression = getattr(hvd.Compression, args.compression)
+    else:
+        compression = registry.build(args.compression)
+    lr, momentum = registry.lr_momentum(args.compression, "tf-digits", fallback="digits")
+    lr = lr if args.lr is None else args.lr
+    momentum = momentum if args.momentum is None else args.momentum
     model = make_model()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if args.mode == "keras":
-        model.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr, momentum=0.9),
-                                                          compression=compression),
+        opt = tf.keras.optimizers.SGD(lr, momentum=momentum)
+        model.compile(optimizer=hvdk.DistributedOptimizer(opt, compression=compression),
                       loss=loss_fn, metrics=["accuracy"])
         model.fit(xs, ys, batch_size=32, epochs=args.epochs, verbose=0,
                   callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
     else:
-        opt = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
+        opt = tf.keras.optimizers.SGD(lr, momentum=momentum)
 
         @tf.function
         def step(xb, yb):

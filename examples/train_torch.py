@@ -19,37 +19,21 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-import hvdcomp
+from hvdcomp import registry
 
+# Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (e.g. 'marsit',
+# 'marsit-global': the paper's memory, 'marsit-rms'/'-adam': precondition='rms'/'adam').
 COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
-    "marsit": lambda: hvdcomp.Marsit(),
-    "marsit-global": lambda: hvdcomp.Marsit(compensation="global"),  # the paper's memory
-    "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),  # EF-signSGD-style memory
-    "binsgdm": lambda: hvdcomp.BinSGDM(),
-    "topk": lambda: hvdcomp.TopK(),
-    "sketchfusion": lambda: hvdcomp.SketchFusion(),
-    # precondition='rms': gradients normalised per coordinate before compression (for Adam users)
-    "marsit-rms": lambda: hvdcomp.Marsit(precondition="rms"),
-    "topk-rms": lambda: hvdcomp.TopK(precondition="rms"),
-    "sketchfusion-rms": lambda: hvdcomp.SketchFusion(precondition="rms"),
-    # precondition='adam': the compressor carries Adam and compresses momentum (inner: plain SGD)
-    "marsit-adam": lambda: hvdcomp.Marsit(precondition="adam"),
-    "topk-adam": lambda: hvdcomp.TopK(precondition="adam"),
-    "sketchfusion-adam": lambda: hvdcomp.SketchFusion(precondition="adam"),
+    **{name: (lambda name=name: registry.build(name)) for name in registry.PRESETS},
 }
 
-# Per-method (learning rate, SGD momentum), chosen once for this task by the equal-effort sweep in
-# benchmarks/convergence_tuning.md (40 epochs, 4 ranks) and used for every seed. Sign-based methods
-# take steps of fixed size per element, so they want smaller rates; BinSGDM carries its own
-# momentum, so its inner optimizer is plain SGD.
-DEFAULTS = {"none": (0.05, 0.9), "fp16": (0.05, 0.9), "marsit": (0.04, 0.9),
-            "marsit-global": (0.04, 0.9), "marsit-local": (0.04, 0.9), "binsgdm": (0.001, 0.0),
-            "topk": (0.1, 0.9), "sketchfusion": (0.05, 0.9),
-            "marsit-rms": (0.0005, 0.9), "topk-rms": (0.0005, 0.9),
-            "sketchfusion-rms": (0.0005, 0.9), "marsit-adam": (0.004, 0.0),
-            "topk-adam": (0.002, 0.0), "sketchfusion-adam": (0.008, 0.0)}
+# Per-method (learning rate, SGD momentum) for this task ("digits" in hvdcomp/registry.py),
+# chosen once by the equal-effort sweep in benchmarks/convergence_tuning.md (40 epochs, 4 ranks)
+# and used for every seed. Sign-based methods take steps of fixed size per element, so they want
+# smaller rates; BinSGDM carries its own momentum, so its inner optimizer is plain SGD.
+DEFAULTS = {name: registry.lr_momentum(name, "digits") for name in COMPRESSIONS}
 
 
 def load_digits_split(seed=0):

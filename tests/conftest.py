@@ -7,23 +7,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mpirun import results, run  # noqa: E402
 
-# (lr, momentum) per method for the tests' digits runs (20 epochs, 4 ranks), fixed when the tests were
-# written; the examples' DEFAULTS were re-tuned later by the convergence sweep
-# (benchmarks/convergence_tuning.md). Marsit uses the sweep's 0.04: at 0.02 its 20-epoch accuracy
-# over 4 merge seeds was 0.889-0.956, too close to the 5-point tolerance; at 0.04, 0.942-0.969.
-# SketchFusion: 0.1, not the 40-epoch benchmark's 0.05 (there 0.05 and 0.1 tie): over these
-# 20 epochs its delayed updates want the larger rate. Default SketchFusion, hash seeds 0-4:
-# 0.881 / 0.931 / 0.928 / 0.953 / 0.944 at 0.05 (0.972 / 0.947 / 0.944 / 0.922 / 0.900 with the
-# earlier random hashes), 0.939 / 0.950 / 0.950 / 0.917 / 0.967 at 0.1; narrow 0.925 -> 0.975.
-SETTINGS = {"none": (0.05, 0.9), "marsit": (0.04, 0.9), "topk-bare": (0.05, 0.9),
-            "topk": (0.05, 0.9), "binsgdm": (0.002, 0.0), "sketchfusion-bare": (0.1, 0.9),
-            "sketchfusion-narrow": (0.1, 0.9),
-            # precondition='rms': the gradient arrives normalised (about unit size per element),
-            # so the rate is a per-element step, as for Adam
-            "marsit-rms": (0.002, 0.9), "topk-rms": (0.002, 0.9),
-            # precondition='adam': Adam's step direction, for plain SGD at an Adam-like rate
-            "marsit-adam": (0.002, 0.0), "marsit-adam-w4": (0.002, 0.0),
-            "topk-adam-w8": (0.002, 0.0)}
+from variants import settings_for  # noqa: E402
+
+# (lr, momentum) per test name for the tests' digits runs (20 epochs, 4 ranks): task "digits-test"
+# of hvdcomp/registry.py (how each rate was chosen is noted there); a test-local variant of
+# tests/variants.py takes its preset's rates.
+SETTINGS = settings_for("digits-test")
 EPOCHS = 20
 
 

@@ -2,14 +2,13 @@
 raises a clear error (which tensor, which rank, what was expected) on every rank, or is handled
 correctly (fp16/bf16, empty and 0-d tensors, sparse gradients). Constructor validation needs no
 MPI. Rank script: tests/mpi/bad_input.py."""
-import math
-
 import pytest
 
 import hvdcomp
+from hvdcomp import registry
 from mpirun import results, run
 
-METHODS = ["Marsit", "BinSGDM", "TopK", "SketchFusion"]
+METHODS = list(registry.METHODS)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +36,10 @@ def test_empty_and_0d_tensors(bad_input, m):
         assert r[f"{m}.empty"] == [[0], 0, "torch.float32"]
         shape, value, dtype = r[f"{m}.scalar"]
         assert shape == [] and dtype == "torch.float32"
-        if m == "BinSGDM":  # every tensor is voted on: the mean of a random and a +1 vote
-            assert value in (0.0, 1.0)
-        else:  # small: summed exactly, uncompressed: mean of 0 and 1
+        if registry.EXPECT[m].small_exact:  # summed exactly, uncompressed: mean of 0 and 1
             assert value == 0.5
+        else:  # every tensor is voted on (BinSGDM): the mean of a random and a +1 vote
+            assert value in (0.0, 1.0)
 
 
 @pytest.mark.timeout(300)
@@ -104,26 +103,15 @@ def test_sparse_gradients(bad_input, m):
 
 
 # -- construction: invalid settings raise ValueError naming the argument (no MPI) ---------------
-INVALID = {
-    "Marsit": [("on_nonfinite", "ignore"), ("compensation", "none"), ("min_compress_numel", -1),
-               ("min_compress_numel", 2.5), ("seed", -1), ("seed", "x"), ("seed", 1.5)],
-    "BinSGDM": [("betas", (1.0, 0.9)), ("betas", (0.9, -0.1)), ("betas", (0.9,)),
-                ("eps", 0), ("eps", math.nan), ("uneven", "maybe"), ("ranks_per_node", 0),
-                ("ranks_per_node", 1.5), ("on_nonfinite", "ignore"), ("seed", -2)],
-    "TopK": [("k", 0), ("k", -3), ("k", 2.5), ("ratio", 0), ("ratio", 1.5), ("ratio", math.nan),
-             ("path", "ring"), ("selection", "sort"), ("bidirectional", "yes"),
-             ("min_compress_numel", -1), ("on_nonfinite", "ignore"), ("seed", -1)],
-    "SketchFusion": [("ratio", 0), ("ratio", 1.5), ("rows", 0), ("cols", 0), ("width", 0),
-                     ("exact", "yes"), ("seed", -1), ("min_compress_numel", -1),
-                     ("on_nonfinite", "ignore")],
-}
+# per method: registry.EXPECT[method].invalid
+INVALID = {m: registry.EXPECT[m].invalid for m in METHODS}
 
 
 @pytest.mark.parametrize("m, arg, value", [(m, a, v) for m, cases in INVALID.items()
                                            for a, v in cases])
 def test_invalid_settings_rejected_at_construction(m, arg, value):
     with pytest.raises(ValueError, match=arg):
-        getattr(hvdcomp, m)(**{arg: value})
+        registry.METHODS[m](**{arg: value})
 
 
 def test_topk_ratio_and_k_together_and_sketch_smaller_than_k():

@@ -4,15 +4,19 @@ import time
 import numpy as np
 import pytest
 
+from hvdcomp import registry
 from mpirun import results, run
+
+METHODS = list(registry.METHODS)  # every method of hvdcomp/registry.py
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", ["binsgdm", "marsit", "sketchfusion", "topk"])
+@pytest.mark.parametrize("method", sorted(m.lower() for m in METHODS))
 def test_torch_and_tensorflow_give_the_same_aggregate(tmp_path, method):
     """Same inputs, seed and settings: PyTorch and TensorFlow front ends produce the same
     aggregate (one shared backend; Marsit's scale may differ in the last bits because the two
-    frameworks sum |p| in different orders, so the tolerance is relative 1e-5)."""
+    frameworks sum |p| in different orders, so the tolerance is relative 1e-5). Every method of
+    hvdcomp/registry.py, by its lower-case name."""
     t, f = tmp_path / "torch.npy", tmp_path / "tf.npy"
     run(3, "cross_framework.py", "torch", t, method, timeout=200)
     run(3, "cross_framework.py", "tf", f, method, timeout=200)
@@ -53,7 +57,7 @@ def test_gloo_only_launch_is_refused_on_every_rank():
     assert sorted(res) == [0, 1]
     for rank, r in res.items():
         assert r["size"] == 2 and r["plain"] == 2.0
-        for m in ("Marsit", "BinSGDM", "TopK", "SketchFusion"):
+        for m in METHODS:
             assert r[m] and r[m].startswith(
                 f"{m}: Horovod runs 2 ranks (this is rank {rank}) but MPI has 1 (rank 0)"), r[m]
             assert "horovodrun --gloo" in r[m] and "horovodrun --mpi" in r[m]
@@ -65,7 +69,7 @@ def test_world_of_one_rank_every_method():
     one-rank result of each method is exact, training steps go through the compressor."""
     r = results(run(1, "one_rank.py", timeout=120, env={"HOROVOD_ELASTIC": "1"}))[0]
     assert r["size"] == 1
-    for m in ("Marsit", "BinSGDM", "TopK", "SketchFusion"):
+    for m in METHODS:
         sent, same_shape, err = r[f"{m}.direct"]
         assert sent == 0 and same_shape and err <= 1e-6, (m, r[f"{m}.direct"])
         assert r[f"{m}.trained"] == [3, True], m

@@ -4,12 +4,40 @@ import pytest
 import torch
 
 import hvdcomp
+from hvdcomp import registry
 
 
 def test_public_names_import():
-    for name in ("Marsit", "BinSGDM", "TopK", "SketchFusion"):
-        assert isinstance(getattr(hvdcomp, name), type)
+    for name, cls in registry.METHODS.items():  # every method of hvdcomp/registry.py
+        assert getattr(hvdcomp, name) is cls and name in hvdcomp.__all__
+        assert cls.method == name  # the name its errors carry
     assert hvdcomp.DEFAULT is hvdcomp.Marsit
+
+
+@pytest.mark.parametrize("name", list(registry.PRESETS))
+def test_every_registry_preset_builds_with_its_rates(name):
+    """Each preset builds a configured instance of its class (overrides win) and has the
+    examples' learning rates; every method's base preset is the class with its defaults."""
+    preset = registry.PRESETS[name]
+    comp = registry.build(name)
+    assert type(comp) is preset.cls and comp is not registry.build(name)
+    assert registry.build(name, seed=7).seed == 7
+    for task in ("digits", "charlm"):
+        lr, momentum = registry.lr_momentum(name, task)
+        assert lr > 0 and 0 <= momentum < 1
+    assert registry.rates(name, "tf-digits", fallback="digits").lr > 0
+    if name == registry.base_preset(preset.cls.__name__):
+        assert not preset.kwargs and registry.METHODS[preset.cls.__name__] is preset.cls
+
+
+def test_registry_rejects_unknown_names_and_tasks():
+    with pytest.raises(KeyError):
+        registry.build("nonesuch")
+    with pytest.raises(KeyError, match="no 'charlm-typo' learning rate"):
+        registry.rates("marsit", "charlm-typo")
+    assert registry.lr_momentum("none", "digits") == (0.05, 0.9)  # Horovod's baselines too
+    with pytest.raises(ValueError, match="unknown task"):
+        registry.Preset(hvdcomp.Marsit, rates={"digitz": registry.Rates(0.1)})
 
 
 def test_bare_class_uses_one_default_instance_per_class():

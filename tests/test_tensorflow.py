@@ -3,15 +3,19 @@ eager hvd.allreduce, DistributedGradientTape in tf.function (with a retrace and 
 some steps), and Keras model.fit; variables bit-identical across ranks after every step."""
 import pytest
 
+from hvdcomp import registry
 from mpirun import results, run
 
-# Variables whose state is kept: the compressed ones (Marsit, TopK and SketchFusion skip tensors
-# under 1024 elements;
-# BinSGDM binarises every tensor). 'kernel:0' is a standalone layer's variable.
-KEYS = {"marsit": ["dense/kernel:0", "kernel:0"], "topk": ["dense/kernel:0", "kernel:0"],
-        "sketchfusion": ["dense/kernel:0", "kernel:0"],
-        "binsgdm": ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0",
-                    "dense_1/kernel:0", "kernel:0"]}
+# Every method of hvdcomp/registry.py, by its base preset (lower-case name).
+METHODS = {registry.base_preset(m): m for m in registry.METHODS}
+# Variables whose state is kept: the compressed ones (methods with registry.EXPECT.small_exact,
+# e.g. Marsit, skip tensors under 1024 elements), or every one (BinSGDM binarises every tensor).
+# 'kernel:0' is a standalone layer's variable.
+COMPRESSED = ["dense/kernel:0", "kernel:0"]
+EVERY = ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0", "dense_1/kernel:0",
+         "kernel:0"]
+KEYS = {name: COMPRESSED if registry.EXPECT[m].small_exact else EVERY
+        for name, m in METHODS.items()}
 
 
 @pytest.mark.timeout(400)
@@ -33,7 +37,7 @@ def test_eager_tf_function_and_keras(method, ranks):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", ["binsgdm", "marsit", "sketchfusion", "topk", "marsit-adam"])
+@pytest.mark.parametrize("method", sorted(METHODS) + ["marsit-adam"])
 def test_checkpoint_resume_is_bit_identical(method):
     """tf.train.Checkpoint for the model plus the compressor's state_dict(): a resumed run
     equals the uninterrupted one bit for bit; a fresh compressor diverges."""

@@ -17,15 +17,18 @@ import torch
 import horovod.torch as hvd
 
 import hvdcomp
+from hvdcomp import registry
 from report import report
 from torch_common import identical_across_ranks, make_model
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 last = size - 1
-METHODS = {"Marsit": lambda: hvdcomp.Marsit(seed=1), "BinSGDM": lambda: hvdcomp.BinSGDM(seed=1),
-           "TopK": lambda: hvdcomp.TopK(ratio=0.1, seed=1),
-           "SketchFusion": lambda: hvdcomp.SketchFusion(ratio=0.1, rows=3, width=4, seed=1)}
+# Every method of hvdcomp/registry.py, sized for these tensors (EXPECT.test_kwargs); the NaN/Inf
+# cases rely on on_nonfinite='raise', so it is passed explicitly.
+METHODS = {m: (lambda cls=cls, m=m: cls(seed=1, on_nonfinite="raise",
+                                        **registry.EXPECT[m].test_kwargs))
+           for m, cls in registry.METHODS.items()}
 out = {}
 
 

@@ -1,11 +1,12 @@
 """Rank script: the same inputs and settings through hvd.allreduce(compression=<method>(seed=3))
 in PyTorch or TensorFlow (arg 1: torch|tf), three steps (so the per-tensor state is exercised);
-rank 0 saves the results to the .npy file named by arg 2. Arg 3: marsit|binsgdm|topk|sketchfusion."""
+rank 0 saves the results to the .npy file named by arg 2. Arg 3: a method of hvdcomp/registry.py in
+lower case (marsit, binsgdm, ...)."""
 import sys
 
 import numpy as np
 
-import hvdcomp
+from hvdcomp import registry
 from report import report
 
 framework, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -18,8 +19,7 @@ else:
     import horovod.tensorflow as hvd
     convert, back = tf.constant, lambda t: t.numpy()
 hvd.init()
-comp = {"marsit": hvdcomp.Marsit, "binsgdm": hvdcomp.BinSGDM, "topk": hvdcomp.TopK,
-        "sketchfusion": hvdcomp.SketchFusion}[method](seed=3)
+comp = {m.lower(): cls for m, cls in registry.METHODS.items()}[method](seed=3)
 outs = []
 for step in range(3):
     x = np.random.default_rng(100 * step + hvd.rank()).standard_normal(3001).astype(np.float32)

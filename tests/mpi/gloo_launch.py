@@ -6,11 +6,12 @@ import torch
 import horovod.torch as hvd
 
 import hvdcomp
+from hvdcomp import registry
 from report import report_horovod
 
 hvd.init()
 out = {"rank": hvd.rank(), "size": hvd.size()}
-for cls in (hvdcomp.Marsit, hvdcomp.BinSGDM, hvdcomp.TopK, hvdcomp.SketchFusion):
+for cls in registry.METHODS.values():
     try:
         hvd.allreduce(torch.randn(3000), name=f"g.{cls.__name__}", compression=cls())
         out[cls.__name__] = None

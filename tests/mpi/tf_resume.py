@@ -2,7 +2,7 @@
 tf.function, checkpoint the model (tf.train.Checkpoint) and the compressor (state_dict(), NumPy),
 train M more; then restore both into fresh objects and train the same M steps: the variables
 must be bit-identical to the uninterrupted run, and a fresh compressor must diverge.
-Arg: method."""
+Arg: method (a preset of hvdcomp/registry.py, with the seeds below; SGD at its "tf-test" rate)."""
 import hashlib
 import os
 import sys
@@ -16,15 +16,23 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import horovod.tensorflow as hvd  # noqa: E402
 
 import hvdcomp  # noqa: E402
+from hvdcomp import registry  # noqa: E402
 from report import report  # noqa: E402
 
-make, lr = {"marsit": (lambda: hvdcomp.Marsit(seed=5), 0.02),
-            "binsgdm": (lambda: hvdcomp.BinSGDM(seed=3), 0.005),
-            "topk": (lambda: hvdcomp.TopK(seed=3), 0.05),
-            "sketchfusion": (lambda: hvdcomp.SketchFusion(seed=3), 0.05),
-            # precondition='adam' (plain SGD inner optimizer): warm-up ends before the checkpoint
-            "marsit-adam": (lambda: hvdcomp.Marsit(
-                seed=5, precondition=hvdcomp.AdamSettings(warmup=3)), 0.002)}[sys.argv[1]]
+# Test-local arguments on top of the registry preset (other presets: their defaults).
+OVERRIDES = {"marsit": dict(seed=5), "binsgdm": dict(seed=3), "topk": dict(seed=3),
+             "sketchfusion": dict(seed=3),
+             # precondition='adam' (plain SGD inner optimizer): warm-up ends before the checkpoint
+             "marsit-adam": dict(seed=5, precondition=hvdcomp.AdamSettings(warmup=3))}
+method = sys.argv[1]
+lr, momentum = registry.lr_momentum(method, "tf-test")
+assert momentum == 0, "the TF tests run plain SGD"
+
+
+def make():
+    return registry.build(method, **OVERRIDES.get(method, {}))
+
+
 N, M = 5, 5
 hvd.init()
 rank = hvd.rank()

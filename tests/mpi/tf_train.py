@@ -1,7 +1,8 @@
 """Rank script: a hvdcomp compressor with TensorFlow 2.15 through Horovod's own wrappers:
 eager hvd.allreduce, DistributedGradientTape inside tf.function (with a retrace and a variable
 that gets no gradient on some steps), and Keras model.fit with hvd.keras' DistributedOptimizer;
-variables bit-identical across ranks after every step. Args: method (e.g. marsit), epochs."""
+variables bit-identical across ranks after every step. Args: method (a preset of
+hvdcomp/registry.py, e.g. marsit, built with its defaults; SGD at its "tf-test" rate), epochs."""
 import hashlib
 import os
 import sys
@@ -15,12 +16,18 @@ from mpi4py import MPI  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-import hvdcomp  # noqa: E402
+from hvdcomp import registry  # noqa: E402
 from report import report  # noqa: E402
 
 method, epochs = sys.argv[1], int(sys.argv[2])
-make, lr = {"marsit": (hvdcomp.Marsit, 0.02), "binsgdm": (hvdcomp.BinSGDM, 0.005),
-            "topk": (hvdcomp.TopK, 0.05), "sketchfusion": (hvdcomp.SketchFusion, 0.05)}[method]
+lr, momentum = registry.lr_momentum(method, "tf-test")
+assert momentum == 0, "the TF tests run plain SGD"
+
+
+def make():
+    return registry.build(method)
+
+
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 out = {}

@@ -7,8 +7,11 @@ import sys
 import torch
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.append(os.path.join(HERE, ".."))  # tests/: variants.py
 from train_torch import load_digits_split, make_model  # noqa: E402,F401
+import variants  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -41,32 +44,13 @@ def batch(x, y, step, rank, size=32):
 
 
 def compression_for(name):
-    """The compression a test names: Horovod's own ('none', 'fp16') or an hvdcomp method, bare
-    ('topk-bare': the class itself) or configured."""
+    """The compression a test names: Horovod's own ('none', 'fp16'), or an hvdcomp preset of
+    hvdcomp/registry.py or a test-local variant of one (tests/variants.py; e.g. 'topk-bare': the
+    class itself)."""
     import horovod.torch as hvd
-    import hvdcomp
-    return {"none": lambda: hvd.Compression.none,
-            "fp16": lambda: hvd.Compression.fp16,
-            "marsit": lambda: hvdcomp.Marsit(seed=5),
-            "marsit-local": lambda: hvdcomp.Marsit(compensation="local"),
-            "binsgdm": lambda: hvdcomp.BinSGDM(seed=3),
-            "topk": lambda: hvdcomp.TopK(ratio=0.01, seed=3),
-            "marsit-auto": lambda: hvdcomp.Marsit(seed=5, fusion="auto"),
-            "marsit-rms": lambda: hvdcomp.Marsit(seed=5, precondition="rms"),
-            "topk-rms": lambda: hvdcomp.TopK(ratio=0.01, seed=3, precondition="rms"),
-            # precondition='adam': warm-ups that end before (marsit) and after (topk) the
-            # resume test's checkpoint at step 6; the training test's 220 steps use the default
-            "marsit-adam": lambda: hvdcomp.Marsit(seed=5, precondition="adam"),
-            "marsit-adam-w4": lambda: hvdcomp.Marsit(
-                seed=5, precondition=hvdcomp.AdamSettings(warmup=4)),
-            "topk-adam-w8": lambda: hvdcomp.TopK(
-                ratio=0.01, seed=3, precondition=hvdcomp.AdamSettings(warmup=8)),
-            "topk-auto": lambda: hvdcomp.TopK(fusion="auto"),  # as topk-bare, with LayerFusion
-            "topk-bare": lambda: hvdcomp.TopK,
-            "topk-allgather": lambda: hvdcomp.TopK(path="allgather"),
-            "topk-uni": lambda: hvdcomp.TopK(bidirectional=False),
-            "sketchfusion-bare": lambda: hvdcomp.SketchFusion,
-            "sketchfusion-narrow": lambda: hvdcomp.SketchFusion(ratio=0.02, rows=3, width=4)}[name]()
+    if name in ("none", "fp16"):
+        return getattr(hvd.Compression, name)
+    return variants.make(name)
 
 
 def compressor_object(compression):
