@@ -7,7 +7,8 @@ Per method it reports (keys prefixed by the method's name):
   sparse tensor handed to hvd.allreduce;
 - shape_error / numel_error / dtype_error: RankMismatchError messages for a tensor whose shape
   (same numel), element count or dtype differs between ranks;
-- nan_error / inf_error: NonFiniteGradientError messages (NaN / Inf on the last rank only);
+- nan_error / inf_error: NonFiniteGradientError messages (NaN / Inf on the last rank only,
+  on_nonfinite='raise'); propagated: the default 'propagate' (NaN out, state unchanged);
 - sparse_same / sparse_identical / dense_*: nn.Embedding(sparse=True) through
   hvd.DistributedOptimizer without and with sparse_as_dense;
 - count_error: RankMismatchError when the last rank has one gradient fewer (a frozen layer).
@@ -106,8 +107,24 @@ for m, make in METHODS.items():
         out[f"{m}.{kind}_error"] = error_of(
             lambda: hvd.allreduce(g, name=f"{m}.{kind}", compression=make()),
             hvdcomp.NonFiniteGradientError)
+    # the default on_nonfinite='propagate': NaN out on every rank (as Horovod's allreduce), the
+    # state left as it was
+    comp = registry.METHODS[m](seed=1, **registry.EXPECT[m].test_kwargs)
+    hvd.allreduce(torch.linspace(-1, 1, 3000) * (rank + 1), name=f"{m}.prop", compression=comp)
+    before = comp.state_dict()["state"]
+    g = torch.ones(3000)
+    if rank == last:
+        g[17] = float("inf")
+    nan_out = hvd.allreduce(g, name=f"{m}.prop", compression=comp)
+    after = comp.state_dict()
+    out[f"{m}.propagated"] = [
+        bool(torch.isnan(nan_out).all()), after["skipped"], sorted(before) == sorted(after["state"])
+        and all(all(np.array_equal(x, y) for x, y in zip(*(
+            v if isinstance(v, tuple) else (v,) for v in (before[k], after["state"][k]))))
+            for k in before)]
     if m == "Marsit":  # precondition='adam', NaN in its second dense warm-up step
-        comp = hvdcomp.Marsit(seed=1, precondition=hvdcomp.AdamSettings(warmup=2))
+        comp = hvdcomp.Marsit(seed=1, precondition=hvdcomp.AdamSettings(warmup=2),
+                              on_nonfinite="raise")
         hvd.allreduce(torch.ones(3000), name="adam.nan", compression=comp)  # warm-up step 1
         g = torch.ones(3000)
         if rank == last:
