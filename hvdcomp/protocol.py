@@ -192,6 +192,7 @@ class BatchedCompressor:
                 factor = self._reduction_factor(adapter.reduced(output), ctx.key)
             except UnsupportedOpError:
                 self._abandon_step()
+                self.engine.context()  # a launch without MPI ranks explains it: LaunchError
                 raise
             if pending is not None:
                 self._flush()

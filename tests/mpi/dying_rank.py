@@ -3,10 +3,11 @@ end the whole job with a non-zero exit instead of hanging. Arg: how the last ran
 - kill: SIGKILL at step 20 (no clean-up at all);
 - raise: an uncaught exception at step 20 (the other ranks wait in a collective for it; hvdcomp's
   sys.excepthook aborts the MPI job, else the failing rank would wait in MPI_Finalize);
-- stall: its first layer is frozen from the start, so it submits one gradient fewer and the other
-  ranks wait in Horovod's negotiation for a tensor it never sends, before hvdcomp sees the batch.
-  Horovod's stall inspector (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set by the test) shuts Horovod
-  down, the waiting ranks raise HorovodInternalError, and the job is aborted."""
+- stall: its last layer's bias is frozen from the start, so it would submit one gradient fewer
+  and the other ranks would wait in Horovod's negotiation for a tensor it never sends; hvdcomp
+  compares the optimizers' parameter lists at the first gradient and raises RankMismatchError
+  on every rank, which aborts the job. (Without that check, Horovod's stall inspector
+  (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set by the test) would shut Horovod down.)"""
 import os
 import signal
 import sys
