@@ -11,10 +11,10 @@ with the stock ``horovod.torch.DistributedOptimizer`` (SGD) on random data, for 
 same compressor: 'layerwise' (one bucket per tensor, reduced as soon as it is ready), 'auto'
 (LayerFusion: buckets planned from the measured backward timing and the compressor's own timed
 reductions) and 'step' (one batch per step at the first decompress: no overlap). Each setting
-has its own model, optimizer and compressor; after warm-up steps (LayerFusion plans after its third step), the
-settings take turns (``--rounds`` rounds of ``--steps`` steps each, so machine load hits all of
-them alike). Printed per setting: the median over rounds of the per-step wall time (slowest
-rank), the number of buckets, and for 'auto' the plan chosen. Times on a loaded or
+has its own model, optimizer and compressor; after warm-up steps (LayerFusion plans after its
+third step), the settings take turns (``--rounds`` rounds of ``--steps`` steps each, so machine
+load hits all of them alike). Printed per setting: the median over rounds of the per-step wall
+time (slowest rank), the number of buckets, and for 'auto' the plan chosen. Times on a loaded or
 oversubscribed machine are indicative only.
 """
 import argparse
