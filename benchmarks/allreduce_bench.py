@@ -8,8 +8,8 @@ and every method, every rank draws its own N(0, 1) float32 gradient (torch, CPU)
 
 with C = hvd.Compression.none ("hvd-fp32"), hvd.Compression.fp16 ("hvd-fp16") or a fresh hvdcomp
 compressor instance (by default every method of hvdcomp/registry.py; default settings). hvdcomp
-compressors take this exact path in training
-(compress -> Horovod placeholder -> decompress), so the time is what a training step pays.
+compressors take this exact path in training (compress -> Horovod placeholder -> decompress), so
+the time is what a training step pays.
 
 Per (size, method): ``--warmup`` calls, then ``--reps`` timed calls, each preceded by a barrier;
 a call's time is the slowest rank's, the figure is the median over the calls. Also recorded:

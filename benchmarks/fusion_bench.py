@@ -7,14 +7,14 @@
 A model with many small layers and a few large ones (2 large 256x1024 / 1024x256 linears, two
 64k-element linears, 24 small 64x64 linears: 56 gradient tensors, 0.8 M parameters) is trained
 with the stock ``horovod.torch.DistributedOptimizer`` (SGD) on random data, for each compressor
-(every method of hvdcomp/registry.py, default settings) with three ``fusion=`` settings of the same compressor:
-'layerwise' (one bucket per tensor, reduced as soon as it is ready), 'auto' (LayerFusion: buckets
-planned from the measured backward timing and the compressor's own timed reductions) and 'step'
-(one batch per step at the first decompress: no overlap). Each setting has its own model,
-optimizer and compressor; after warm-up steps (LayerFusion plans after its third step), the
-settings take turns (``--rounds`` rounds of ``--steps`` steps each, so machine load hits all of
-them alike). Printed per setting: the median over rounds of the per-step wall time (slowest
-rank), the number of buckets, and for 'auto' the plan chosen. Times on a loaded or
+(every method of hvdcomp/registry.py, default settings) with three ``fusion=`` settings of the
+same compressor: 'layerwise' (one bucket per tensor, reduced as soon as it is ready), 'auto'
+(LayerFusion: buckets planned from the measured backward timing and the compressor's own timed
+reductions) and 'step' (one batch per step at the first decompress: no overlap). Each setting
+has its own model, optimizer and compressor; after warm-up steps (LayerFusion plans after its
+third step), the settings take turns (``--rounds`` rounds of ``--steps`` steps each, so machine
+load hits all of them alike). Printed per setting: the median over rounds of the per-step wall
+time (slowest rank), the number of buckets, and for 'auto' the plan chosen. Times on a loaded or
 oversubscribed machine are indicative only.
 """
 import argparse
