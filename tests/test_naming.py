@@ -164,7 +164,7 @@ def test_tensorflow_paths_and_direct_calls_on_real_ranks():
         assert k["identical"]
         d = r["direct"]
         assert d["first_nonzero"] > 0 and d["zeros_max"] == 0.0
-        assert d["keys"] == ["direct.a", "direct.zeros", "grp_1of2", "grp_2of2"]
+        assert d["keys"] == ["direct.a", "direct.zeros", "grp_1of2", "grp_2of2", "keras.g"]
         for key in ("unnamed_eager", "unnamed_function"):  # eager, and inside tf.function
             assert r[key] and r[key].startswith("UnnamedTensorError: ") and (
                 f"Marsit: cannot name a tensor of shape [4096] and dtype float32 on rank {rank} "

@@ -4,7 +4,7 @@ DistributedGradientTape inside tf.function, default path, ``num_groups=2`` and `
 the Keras DistributedOptimizer, 3 steps each with TopK on every tensor: the compressor's state
 keys are the variable names (two variables that TensorFlow hands one and the same gradient
 tensor keep two keys); the identities carry the variable, the tape/optimizer and the process
-set. Eager hvd.allreduce / grouped_allreduce with ``name=`` keep separate state (a second call
+set. Eager hvd.allreduce / grouped_allreduce / hvd.keras.allreduce with ``name=`` keep separate state (a second call
 on zeros returns zeros); without ``name=``, eager and inside tf.function, they raise
 UnnamedTensorError (reported per rank)."""
 import numpy as np
@@ -109,6 +109,7 @@ comp = hvdcomp.TopK()
 first = hvd.allreduce(g, name="direct.a", compression=comp)
 second = hvd.allreduce(tf.zeros([4096]), name="direct.zeros", compression=comp)
 hvd.grouped_allreduce([g, 2 * g], name="grp", compression=comp)
+hvdk.allreduce(g, name="keras.g", compression=comp)  # names the constant it passes on
 out["direct"] = {"first_nonzero": int(tf.math.count_nonzero(first)),
                  "zeros_max": float(tf.reduce_max(tf.abs(second))),
                  "keys": sorted(comp.state_dict()["state"])}
