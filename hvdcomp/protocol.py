@@ -45,9 +45,13 @@ DEFAULT_FUSION = os.environ.get("HVDCOMP_FUSION", "step")
 
 
 class default_instance:
-    """Method decorator: called on the class, act on ``cls.default()``; on an instance, as usual."""
+    """Method decorator: called on the class, act on ``cls.default()``; on an instance, as usual.
+    The method is also marked so that TensorFlow's AutoGraph runs it as plain Python instead of
+    converting it (Horovod calls ``compress``/``decompress`` inside ``tf.function``): the
+    attribute ``tf.autograph.experimental.do_not_convert`` sets, without importing TensorFlow."""
 
     def __init__(self, fn):
+        fn.autograph_info__ = frozenset()
         self.fn = fn
         self.__doc__ = fn.__doc__
 
