@@ -7,6 +7,17 @@
 #     C++17 (see shared/DESIGN.md). The built wheel is cached outside the checkout in
 #     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the versions, so the second run is quick.
 # A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
+#
+# Environment (all optional; the defaults give the set-up described above):
+#   PYTHON            interpreter for the venv (default python3; must be 3.11 for tensorflow-cpu 2.15)
+#   TORCH_SPEC        the torch requirement to install (default torch==2.13.0, which resolves to the
+#                     2.13.0+cpu wheel where the package sources offer it, as on this project's
+#                     machines and with the PyTorch CPU index below)
+#   TORCH_INDEX_URL   an extra package index for that install, e.g. https://download.pytorch.org/whl/cpu
+#                     or .../whl/cu126 (default: none, only pip's own configured sources)
+#   HOROVOD_GPU_OPERATIONS, HOROVOD_NCCL_*, HOROVOD_CUDA_HOME ...  reach Horovod's build unchanged.
+# A non-default TORCH_SPEC, TORCH_INDEX_URL or HOROVOD_GPU_OPERATIONS gives the Horovod wheel its own
+# cache key (the default key is unchanged), so a CPU-only wheel is never reused for a GPU build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +29,15 @@ TF_VERSION=2.15.1
 HOROVOD_VERSION=0.28.1
 CACHE="${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}"
 PYTAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+TORCH_SPEC="${TORCH_SPEC:-torch==${TORCH_VERSION}}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 HVD_KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYTAG}"
+if [ "$TORCH_SPEC" != "torch==${TORCH_VERSION}" ] || [ -n "$TORCH_INDEX_URL" ] || [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+  # Readable part (the torch pin, the GPU operations) plus a hash of the exact inputs.
+  VARIANT="$(printf '%s' "${TORCH_SPEC#torch==}" | tr -c 'A-Za-z0-9.+_-' '_')${HOROVOD_GPU_OPERATIONS:+-gpu${HOROVOD_GPU_OPERATIONS}}"
+  VARIANT_HASH="$(printf '%s\n' "$TORCH_SPEC" "$TORCH_INDEX_URL" "${HOROVOD_GPU_OPERATIONS:-}" | sha1sum | cut -c1-8)"
+  HVD_KEY="horovod-${HOROVOD_VERSION}-torch${VARIANT}-tf${TF_VERSION}-${PYTAG}-${VARIANT_HASH}"
+fi
 HVD_CACHE="$CACHE/$HVD_KEY"
 STAMP="$VENV/.hvdcomp-setup-stamp"
 STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
@@ -42,8 +61,10 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=(pip_quiet install -q)
 pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
-log "installing torch ${TORCH_VERSION}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
-"${PIP[@]}" "torch==${TORCH_VERSION}" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
+TORCH_PIP_ARGS=()
+[ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
+log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
+"${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
   mpi4py cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
 
 # 3. Horovod, from its source release, through the wheel cache.
@@ -78,5 +99,6 @@ log "installing $(basename "$WHEEL")"
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
 "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp'
+log "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 echo "$STAMP_WANT" > "$STAMP"
 log "done"
