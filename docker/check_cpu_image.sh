@@ -30,7 +30,15 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DOCKER="${DOCKER:-docker}"
+# The client: DOCKER, else docker; a Docker >= 23 client without the buildx plugin cannot use
+# BuildKit, so then Debian's docker.io client (/usr/bin/docker, 20.10) is taken if present.
+if [ -z "${DOCKER:-}" ]; then
+  DOCKER=docker
+  if ! docker buildx version >/dev/null 2>&1 && [ -x /usr/bin/docker ] \
+     && /usr/bin/docker --version | grep -q 'version 20\.'; then
+    DOCKER=/usr/bin/docker
+  fi
+fi
 export DOCKER_BUILDKIT=1
 NICE=(nice -n 19 ionice -c3)
 PREFIX=hvdcomp-check
