@@ -60,7 +60,9 @@ fi
 # 2. The virtual environment and the Python stack.
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=(pip_quiet install -q)
-pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+# pip, without the warnings about this machine's file:// indexes; a synchronous filter, so that an
+# error message is printed before set -e ends the script (pipefail keeps pip's exit status).
+pip_quiet() { { "$VENV/bin/python" -m pip "$@" 2>&1 1>&3 3>&- | { grep -v "is ignored: it is neither" || true; } >&2; } 3>&1; }
 TORCH_PIP_ARGS=()
 [ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
 log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
