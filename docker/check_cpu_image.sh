@@ -150,6 +150,12 @@ for u in ${PIP_EXTRA_INDEX_URL:-$(pipconf extra-index-url)}; do [[ "$u" == http*
 [ -z "$EXTRA" ] || BUILD_ARGS+=(--build-arg "PIP_EXTRA_INDEX_URL=${EXTRA% }")
 TRUSTED="${PIP_TRUSTED_HOST:-$(pipconf trusted-host)}"
 [ -z "$TRUSTED" ] || BUILD_ARGS+=(--build-arg "PIP_TRUSTED_HOST=$TRUSTED")
+# The CA bundle this machine's pip verifies TLS with (a proxy's CA may be in it): a build secret.
+CERT="${PIP_CERT:-$(pipconf cert)}"
+if [ -n "$CERT" ] && [ -s "$CERT" ]; then
+  BUILD_ARGS+=(--secret "id=pip_cert,src=$CERT")
+  log "pip in the build verifies TLS with this machine's CA bundle $CERT (build secret, not in the image)"
+fi
 TORCH_WHEEL=""
 for dir in ${PIP_FIND_LINKS:-} $(pipconf find-links); do
   dir="${dir#file://}"
