@@ -16,6 +16,8 @@
 #   TORCH_INDEX_URL   an extra package index for that install, e.g. https://download.pytorch.org/whl/cpu
 #                     or .../whl/cu126 (default: none, only pip's own configured sources)
 #   HOROVOD_GPU_OPERATIONS, HOROVOD_NCCL_*, HOROVOD_CUDA_HOME ...  reach Horovod's build unchanged.
+#                     With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_NCCL_*, Horovod is built
+#                     against the NCCL of torch's own nvidia-nccl wheel (one NCCL in the process).
 # A non-default TORCH_SPEC, TORCH_INDEX_URL or HOROVOD_GPU_OPERATIONS gives the Horovod wheel its own
 # cache key (the default key is unchanged), so a CPU-only wheel is never reused for a GPU build.
 set -euo pipefail
@@ -81,11 +83,23 @@ if [ -z "$WHEEL" ]; then
   # torch 2.x headers need C++17; Horovod 0.28.1 asks for C++14 in two places.
   sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/horovod/torch/CMakeLists.txt"
+  # GPU builds only: the CUDA kernels ask for C++11; CUDA 13's headers (CCCL 3) need C++17.
+  sed -i 's/CMAKE_CUDA_STANDARD 11/CMAKE_CUDA_STANDARD 17/' "$SRC/horovod/common/ops/cuda/CMakeLists.txt"
   (
     cd "$SRC"
     export HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
            HOROVOD_WITHOUT_MXNET=1 PATH="$VENV/bin:$PATH" \
            MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="-march=x86-64"
+    # NCCL builds: compile and link against the NCCL torch itself loads (the nvidia-nccl wheel torch
+    # depends on), so that one NCCL, of one version, is in the process; HOROVOD_NCCL_* override.
+    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]; then
+      NCCL_DIR="$("$VENV/bin/python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+      if [ -f "$NCCL_DIR/include/nccl.h" ] && [ -f "$NCCL_DIR/lib/libnccl.so.2" ]; then
+        ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"  # the name CMake's find_library looks for
+        export HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED
+        log "Horovod links torch's NCCL $(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$NCCL_DIR/include/nccl.h" | paste -sd.) ($NCCL_DIR)"
+      fi
+    fi
     "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/wheel" . >"$BUILD/build.log" 2>&1 \
       || { tail -n 60 "$BUILD/build.log" >&2; exit 1; }
   )
