@@ -25,7 +25,7 @@
 # directory, on success and on failure (CHECK_KEEP=1 keeps them for debugging).
 # Heavy steps run under nice/ionice (the daemon is started under them, so builds and containers
 # inherit them). Environment: DOCKER (client, default docker), CHECK_WORK (work directory),
-# CHECK_BASE, CHECK_EPOCHS (default 20, as make demo), CHECK_TESTS (pytest arguments),
+# CHECK_BASE, CHECK_IMAGE (an image built before: no base, no build, image kept), CHECK_EPOCHS (default 20, as make demo), CHECK_TESTS (pytest arguments),
 # CHECK_CACHED_BUILD=0 (skip the two rebuilds), CHECK_SSH_PORTS (default "2222 2223").
 set -euo pipefail
 
@@ -70,8 +70,8 @@ cleanup() {
   if d version >/dev/null 2>&1; then
     local n
     for n in "${NODES[@]}"; do d rm -f "$PREFIX-$n" >/dev/null 2>&1 || true; done
-    d rmi -f "$IMAGE" >/dev/null 2>&1 || true
-    [ -n "${CHECK_BASE:-}" ] || d rmi -f "$BASE_IMAGE" >/dev/null 2>&1 || true
+    [ -n "${CHECK_IMAGE:-}" ] || d rmi -f "$IMAGE" >/dev/null 2>&1 || true
+    [ -n "${CHECK_BASE:-}${CHECK_IMAGE:-}" ] || d rmi -f "$BASE_IMAGE" >/dev/null 2>&1 || true
     # The build cache lives in the private data root when the daemon is ours (removed below).
     [ -n "$OWN_DOCKERD_PID" ] || log "the build cache stays on the running daemon (docker builder prune drops it)"
   fi
@@ -117,7 +117,10 @@ else
 fi
 
 # 2. The base image.
-if [ -n "${CHECK_BASE:-}" ]; then
+if [ -n "${CHECK_IMAGE:-}" ]; then
+  IMAGE="$CHECK_IMAGE"
+  log "image: $IMAGE (CHECK_IMAGE: no base, no build)"
+elif [ -n "${CHECK_BASE:-}" ]; then
   BASE_IMAGE="$CHECK_BASE"
   log "base image: $BASE_IMAGE (CHECK_BASE)"
 else
@@ -190,13 +193,15 @@ build() {  # build LABEL [docker build options]: timed, log in $WORK/build-LABEL
   log "docker build ($label): $t s ($((t / 60)) min $((t % 60)) s)"
   eval "BUILD_TIME_$label=$t"
 }
-build first
-if [ "${CHECK_CACHED_BUILD:-1}" = "1" ]; then
-  build nocache --no-cache
-  build cached
+if [ -z "${CHECK_IMAGE:-}" ]; then
+  build first
+  if [ "${CHECK_CACHED_BUILD:-1}" = "1" ]; then
+    build nocache --no-cache
+    build cached
+  fi
 fi
 SIZE=$(d image inspect -f '{{.Size}}' "$IMAGE")
-log "image $IMAGE: $(awk -v s="$SIZE" 'BEGIN {printf "%.2f GB (%d bytes)", s/1e9, s}')"
+log "image $IMAGE: $(awk -v s="$SIZE" 'BEGIN {printf "%.2f GB (%.0f bytes)", s/1e9, s}')"
 d run --rm --network host "$IMAGE" python -c 'import torch, horovod, tensorflow as tf, mpi4py, hvdcomp, sys; print(f"in the image: Python {sys.version.split()[0]}, torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}, mpi4py {mpi4py.__version__}")' 2>/dev/null >&2
 
 # 4. Two nodes on the host network, ssh between them with a key pair made here.
@@ -252,7 +257,7 @@ log "tests: $(( $(date +%s) - s )) s"
 
 log "SUMMARY"
 {
-  echo "  builds: first ${BUILD_TIME_first} s${BUILD_TIME_nocache:+, again with --no-cache (caches warm) ${BUILD_TIME_nocache} s, again (layers cached) ${BUILD_TIME_cached} s}"
+  [ -n "${CHECK_IMAGE:-}" ] || echo "  builds: first ${BUILD_TIME_first} s${BUILD_TIME_nocache:+, again with --no-cache (caches warm) ${BUILD_TIME_nocache} s, again (layers cached) ${BUILD_TIME_cached} s}"
   echo "  image: $(awk -v s="$SIZE" 'BEGIN {printf "%.2f GB", s/1e9}')"
   echo "  ranks: $(tr '\n' ' ' < "$WORK/placement.txt")"
   grep -E 'weights identical' "$WORK/job.log" | sed 's/^/  job: /'
