@@ -24,9 +24,12 @@
 # A trap removes the containers, the images, the http server, the daemon it started and the work
 # directory, on success and on failure (CHECK_KEEP=1 keeps them for debugging).
 # Heavy steps run under nice/ionice (the daemon is started under them, so builds and containers
-# inherit them). Environment: DOCKER (client, default docker), CHECK_WORK (work directory),
-# CHECK_BASE, CHECK_IMAGE (an image built before: no base, no build, image kept), CHECK_EPOCHS (default 20, as make demo), CHECK_TESTS (pytest arguments),
-# CHECK_CACHED_BUILD=0 (skip the two rebuilds), CHECK_SSH_PORTS (default "2222 2223").
+# inherit them).
+# Environment: DOCKER (the client; default docker), CHECK_WORK (work directory, kept with its logs
+# when given; default a new one under /var/tmp, removed), CHECK_BASE, CHECK_IMAGE (an image built
+# before: no base, no build, the image is kept), CHECK_EPOCHS (default 20, as make demo),
+# CHECK_TESTS (pytest arguments), CHECK_CACHED_BUILD=0 (skip the two rebuilds), CHECK_SSH_PORTS
+# (default "2222 2223").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
