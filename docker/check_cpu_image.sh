@@ -210,7 +210,7 @@ if [ -z "${CHECK_IMAGE:-}" ]; then
 fi
 SIZE=$(d image inspect -f '{{.Size}}' "$IMAGE")
 log "image $IMAGE: $(awk -v s="$SIZE" 'BEGIN {printf "%.2f GB (%.0f bytes)", s/1e9, s}')"
-d run --rm --network host "$IMAGE" python -c 'import torch, horovod, tensorflow as tf, mpi4py, hvdcomp, sys; print(f"in the image: Python {sys.version.split()[0]}, torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}, mpi4py {mpi4py.__version__}")' 2>/dev/null >&2
+d run --rm --network host "$IMAGE" python -c 'import torch, horovod, tensorflow as tf, mpi4py, hvdcomp, sys; print(f"in the image: Python {sys.version.split()[0]}, torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}, mpi4py {mpi4py.__version__}")' >&2 2>/dev/null
 
 # 4. Two nodes on the host network, ssh between them with a key pair made here.
 mkdir -p "$WORK/ssh"
