@@ -7,6 +7,19 @@
 #     C++17 (see shared/DESIGN.md). The built wheel is cached outside the checkout in
 #     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the versions, so the second run is quick.
 # A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
+#
+# Environment (all optional; the defaults give the set-up described above):
+#   PYTHON            interpreter for the venv (default python3; must be 3.11 for tensorflow-cpu 2.15)
+#   TORCH_SPEC        the torch requirement to install (default torch==2.13.0, which resolves to the
+#                     2.13.0+cpu wheel where the package sources offer it, as on this project's
+#                     machines and with the PyTorch CPU index below)
+#   TORCH_INDEX_URL   an extra package index for that install, e.g. https://download.pytorch.org/whl/cpu
+#                     or .../whl/cu126 (default: none, only pip's own configured sources)
+#   HOROVOD_GPU_OPERATIONS, HOROVOD_NCCL_*, HOROVOD_CUDA_HOME ...  reach Horovod's build unchanged.
+#                     With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_NCCL_*, Horovod is built
+#                     against the NCCL of torch's own nvidia-nccl wheel (one NCCL in the process).
+# A non-default TORCH_SPEC, TORCH_INDEX_URL or HOROVOD_GPU_OPERATIONS gives the Horovod wheel its own
+# cache key (the default key is unchanged), so a CPU-only wheel is never reused for a GPU build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +31,15 @@ TF_VERSION=2.15.1
 HOROVOD_VERSION=0.28.1
 CACHE="${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}"
 PYTAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+TORCH_SPEC="${TORCH_SPEC:-torch==${TORCH_VERSION}}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 HVD_KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYTAG}"
+if [ "$TORCH_SPEC" != "torch==${TORCH_VERSION}" ] || [ -n "$TORCH_INDEX_URL" ] || [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+  # Readable part (the torch pin, the GPU operations) plus a hash of the exact inputs.
+  VARIANT="$(printf '%s' "${TORCH_SPEC#torch==}" | tr -c 'A-Za-z0-9.+_-' '_')${HOROVOD_GPU_OPERATIONS:+-gpu${HOROVOD_GPU_OPERATIONS}}"
+  VARIANT_HASH="$(printf '%s\n' "$TORCH_SPEC" "$TORCH_INDEX_URL" "${HOROVOD_GPU_OPERATIONS:-}" | sha1sum | cut -c1-8)"
+  HVD_KEY="horovod-${HOROVOD_VERSION}-torch${VARIANT}-tf${TF_VERSION}-${PYTAG}-${VARIANT_HASH}"
+fi
 HVD_CACHE="$CACHE/$HVD_KEY"
 STAMP="$VENV/.hvdcomp-setup-stamp"
 STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
@@ -41,9 +62,13 @@ fi
 # 2. The virtual environment and the Python stack.
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=(pip_quiet install -q)
-pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
-log "installing torch ${TORCH_VERSION}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
-"${PIP[@]}" "torch==${TORCH_VERSION}" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
+# pip, without the warnings about this machine's file:// indexes; a synchronous filter, so that an
+# error message is printed before set -e ends the script (pipefail keeps pip's exit status).
+pip_quiet() { { "$VENV/bin/python" -m pip "$@" 2>&1 1>&3 3>&- | { grep -v "is ignored: it is neither" || true; } >&2; } 3>&1; }
+TORCH_PIP_ARGS=()
+[ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
+log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
+"${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
   mpi4py cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
 
 # 3. Horovod, from its source release, through the wheel cache.
@@ -58,11 +83,23 @@ if [ -z "$WHEEL" ]; then
   # torch 2.x headers need C++17; Horovod 0.28.1 asks for C++14 in two places.
   sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/horovod/torch/CMakeLists.txt"
+  # GPU builds only: the CUDA kernels ask for C++11; CUDA 13's headers (CCCL 3) need C++17.
+  sed -i 's/CMAKE_CUDA_STANDARD 11/CMAKE_CUDA_STANDARD 17/' "$SRC/horovod/common/ops/cuda/CMakeLists.txt"
   (
     cd "$SRC"
     export HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
            HOROVOD_WITHOUT_MXNET=1 PATH="$VENV/bin:$PATH" \
            MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="-march=x86-64"
+    # NCCL builds: compile and link against the NCCL torch itself loads (the nvidia-nccl wheel torch
+    # depends on), so that one NCCL, of one version, is in the process; HOROVOD_NCCL_* override.
+    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]; then
+      NCCL_DIR="$("$VENV/bin/python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+      if [ -f "$NCCL_DIR/include/nccl.h" ] && [ -f "$NCCL_DIR/lib/libnccl.so.2" ]; then
+        ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"  # the name CMake's find_library looks for
+        export HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED
+        log "Horovod links torch's NCCL $(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$NCCL_DIR/include/nccl.h" | paste -sd.) ($NCCL_DIR)"
+      fi
+    fi
     "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/wheel" . >"$BUILD/build.log" 2>&1 \
       || { tail -n 60 "$BUILD/build.log" >&2; exit 1; }
   )
@@ -78,5 +115,6 @@ log "installing $(basename "$WHEEL")"
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
 "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp'
+log "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 echo "$STAMP_WANT" > "$STAMP"
 log "done"
