@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from hvdcomp.comm import get_context
-from hvdcomp.errors import (HvdcompError, LaunchError, NonFiniteGradientError, RankMismatchError,
+from hvdcomp.errors import (LaunchError, NonFiniteGradientError, RankMismatchError,
                             SetupMismatchError, UnsupportedOpError, UnsupportedTensorError)
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
