@@ -1,6 +1,8 @@
 """Launch a script on several real MPI ranks (Open MPI's mpirun, or Horovod's horovodrun) under a
 hard timeout, so that a hang fails the test instead of waiting. Used by the multi-rank tests."""
+import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,12 +34,14 @@ class MPIRunError(AssertionError):
 
 def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=True):
     """Run ``tests/mpi/<script>`` (or an absolute path) on ``np_`` ranks; return the
-    CompletedProcess (stdout+stderr merged in ``.stdout``). Fails on a non-zero exit when
-    ``expect_ok``, and always on a timeout."""
+    CompletedProcess (stdout+stderr merged in ``.stdout``, where the ranks' lines can interleave
+    mid-line; with mpirun also ``.rank_output``: {rank: that rank's stdout + stderr}, whole).
+    Fails on a non-zero exit when ``expect_ok``, and always on a timeout."""
     path = script if os.path.isabs(script) else os.path.join(MPI_DIR, script)
+    output_dir = tempfile.mkdtemp(prefix="hvdcomp-ranks-")
     if launcher == "mpirun":
         cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none",
-               PYTHON, path, *map(str, args)]
+               "--output-filename", output_dir, PYTHON, path, *map(str, args)]
     elif launcher == "horovodrun":
         cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(np_),
                "-H", f"localhost:{np_}", "--mpi", "--mpi-args=--oversubscribe --bind-to none",
@@ -56,12 +60,29 @@ def run(np_, script, *args, timeout=240, launcher="mpirun", env=None, expect_ok=
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout}s (hang?)\n{out[-4000:]}")
+    finally:
+        rank_output = read_rank_output(output_dir)
+        shutil.rmtree(output_dir, ignore_errors=True)
+    proc.rank_output = rank_output
     with open(results_path) as fh:
         proc.results_text = fh.read()
     os.unlink(results_path)
     if expect_ok and proc.returncode != 0:
         raise MPIRunError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-6000:]}", proc)
     return proc
+
+
+def read_rank_output(output_dir):
+    """{rank: stdout + stderr} from mpirun's ``--output-filename`` tree (DIR/1/rank.N/std*)."""
+    out = {}
+    for rank_dir in glob.glob(os.path.join(output_dir, "*", "rank.*")):
+        rank = int(rank_dir.rsplit(".", 1)[1])
+        out[rank] = ""
+        for stream in ("stdout", "stderr"):
+            if os.path.exists(os.path.join(rank_dir, stream)):
+                with open(os.path.join(rank_dir, stream), errors="replace") as fh:
+                    out[rank] += fh.read()
+    return out
 
 
 def results(proc, tag="RESULT"):

@@ -145,9 +145,9 @@ def test_unnamed_torch_allreduce_ends_the_job_with_the_error_from_every_rank():
     proc = run(2, "naming_torch.py", "uncaught", timeout=120, expect_ok=False,
                env={"HVDCOMP_ABORT_ON_EXCEPTION": "0"})
     assert proc.returncode != 0
-    for rank in (0, 1):
+    for rank in (0, 1):  # each rank's own output: in proc.stdout their lines interleave
         assert (f"UnnamedTensorError: Marsit: cannot name a tensor of shape [3000] and dtype "
-                f"float32 on rank {rank} of 2.") in proc.stdout, proc.stdout[-3000:]
+                f"float32 on rank {rank} of 2.") in proc.rank_output[rank], proc.stdout[-3000:]
 
 
 @pytest.mark.timeout(300)
