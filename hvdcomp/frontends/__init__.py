@@ -20,11 +20,17 @@ class Identity(NamedTuple):
 
 def adapter_for(tensor):
     """The adapter module for ``tensor``'s framework (torch, TensorFlow or NumPy)."""
-    mod = type(tensor).__module__
-    if mod.startswith("torch"):
-        from hvdcomp.frontends import torch as adapter
-    elif mod.startswith("tensorflow"):
-        from hvdcomp.frontends import tensorflow as adapter
-    else:
-        from hvdcomp.frontends import numpy as adapter
+    adapter = _ADAPTERS.get(type(tensor))
+    if adapter is None:
+        mod = type(tensor).__module__
+        if mod.startswith("torch"):
+            from hvdcomp.frontends import torch as adapter
+        elif mod.startswith("tensorflow"):
+            from hvdcomp.frontends import tensorflow as adapter
+        else:
+            from hvdcomp.frontends import numpy as adapter
+        _ADAPTERS[type(tensor)] = adapter
     return adapter
+
+
+_ADAPTERS = {}  # tensor type -> adapter module
