@@ -11,7 +11,10 @@ after ``--warmup`` steps) so that machine noise hits every compression alike; a 
 the slowest rank's. Rank 0 prints, per compression, the median ms per step over rounds, the
 spread (min-max) and the ratio to ``none`` measured in the same run.
 
-    mpirun -np 2 --oversubscribe .venv/bin/python benchmarks/small_tensors_bench.py
+    mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1 -x OMPI_MCA_mpi_yield_when_idle=1 \
+        .venv/bin/python benchmarks/small_tensors_bench.py --rounds 3
+
+(``yield_when_idle``: two ranks share two cores here, so a rank waiting in MPI must not spin.)
 """
 import argparse
 import os
