@@ -10,7 +10,9 @@ layers, d_model 512, 8 heads, feed-forward 2048) under a 5000-token embedding an
 4 layers: 17.7M parameters in 51 tensors of very different sizes (biases and norms of 512
 elements, matrices of 0.26M to 2.6M). Per rank, a batch of 4 random sequences of 32 tokens: little
 compute per parameter, so the step is dominated by the gradient all-reduce, as in large-model
-data parallelism on slow links.
+data parallelism on slow links. ``--model mlp``: instead, the 25M-parameter 2-layer MLP of issue
+#18 (5000 -> 2500 -> 5000, 4 tensors: two 12.5M matrices and their biases; a batch of 4 random
+vectors against random classes).
 
 For every method (Horovod fp32/fp16, every hvdcomp compressor) a fresh model (same seed on every
 rank) and the stock ``hvd.DistributedOptimizer(SGD(lr=1e-4), named_parameters=...,
@@ -48,10 +50,35 @@ class TinyLM(torch.nn.Module):
         return self.head(self.body(self.embed(tokens)))
 
 
-def one_step(model, opt, tokens):
+class MLP(torch.nn.Module):
+    """The 25M 2-layer MLP: 5000 -> 2500 -> 5000."""
+
+    def __init__(self, width=2500):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(VOCAB, width), torch.nn.ReLU(),
+                                        torch.nn.Linear(width, VOCAB))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def make_model(args):
+    return MLP() if args.model == "mlp" else TinyLM(args.layers)
+
+
+def make_batch(args, gen):
+    """(inputs, targets) of this rank: token sequences (transformer) or vectors (mlp)."""
+    if args.model == "mlp":
+        return (torch.randn(BATCH, VOCAB, generator=gen),
+                torch.randint(0, VOCAB, (BATCH,), generator=gen))
+    tokens = make_batch(args, gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def one_step(model, opt, batch):
     opt.zero_grad()
-    logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    logits = model(batch[0])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[1].reshape(-1))
     loss.backward()
     opt.step()
 
@@ -59,6 +86,7 @@ def one_step(model, opt, tokens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
@@ -72,10 +100,10 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
+    tokens = make_batch(args, gen)
 
     torch.manual_seed(0)
-    model = TinyLM(args.layers)
+    model = make_model(args)
     params = sum(p.numel() for p in model.parameters())
     tensors = sum(1 for _ in model.parameters())
     plain = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -95,7 +123,7 @@ def main():
         try:
             comp = make_compression(method)
             torch.manual_seed(0)
-            model = TinyLM(args.layers)
+            model = make_model(args)
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
                                            named_parameters=model.named_parameters(),
                                            compression=comp)
