@@ -57,6 +57,23 @@ def compensate8(typingctx, g, e, p, acc, i):
     return types.uint8(g, e, p, acc, i), codegen
 
 
+@intrinsic
+def sum_above8(typingctx, g, e, out, i, threshold):
+    """``out[i:i+8] = g[i:i+8] + e[i:i+8]``; returns the uint8 mask of the lanes with
+    ``|out| >= threshold`` (bit k for lane k; ``threshold`` a scalar of the arrays' dtype)."""
+    def codegen(context, builder, sig, args):
+        gt, et, ot = sig.args[:3]
+        v = builder.fadd(builder.load(_vector(context, builder, gt, args[0], args[3]), align=1),
+                         builder.load(_vector(context, builder, et, args[1], args[3]), align=1))
+        builder.store(v, _vector(context, builder, ot, args[2], args[3]), align=1)
+        ivt, width = _int_vector(v)
+        mag = builder.bitcast(builder.and_(builder.bitcast(v, ivt),
+                                           ir.Constant(ivt, [(1 << width - 1) - 1] * LANES)), v.type)
+        hit = builder.fcmp_ordered(">=", mag, _splat(builder, args[4], v.type))
+        return builder.bitcast(hit, ir.IntType(8))
+    return types.uint8(g, e, out, i, threshold), codegen
+
+
 def _splat(builder, x, vtype):
     """The vector ``vtype`` with every lane ``x``."""
     one = builder.insert_element(ir.Constant(vtype, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))

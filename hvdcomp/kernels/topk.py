@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from hvdcomp.backend.topk import Source, _above
+from hvdcomp.kernels.simd import sum_above8
 
 _JIT = dict(cache=True, nogil=True)
 
@@ -22,9 +23,17 @@ _JIT = dict(cache=True, nogil=True)
 def _sum_scan(g, e, out, threshold, found):
     """Writes ``out = g + e`` and the ascending indices with ``|x| >= threshold`` into
     ``found`` (as many as fit in all but its last slot, a scratch slot for the branch-free
-    compaction); returns how many there are (possibly more than fit)."""
+    compaction); returns how many there are (possibly more than fit). 8 lanes at a time
+    (``simd.sum_above8``); the few lanes that pass are collected from the lane mask."""
     n, last, count = g.shape[0], found.shape[0] - 1, 0
-    for i in range(n):
+    end = n - n % 8
+    for i in range(0, end, 8):
+        mask = sum_above8(g, e, out, i, threshold)
+        if mask:
+            for k in range(8):
+                found[min(count, last)] = i + k
+                count += (mask >> k) & 1
+    for i in range(end, n):
         v = g[i] + e[i]
         out[i] = v
         found[min(count, last)] = i
