@@ -11,6 +11,10 @@ median and min-max over ``--repeat`` runs, in ms and in units of the median ``np
 the n-element float32 buffer, measured in the same run. Issue #18's target: at most 6 memcpys
 for encode + decode. Then the numba compile time (first call, empty cache, a fresh process) and
 the load time from numba's disk cache (a second process).
+
+Measured (2 shared cores, load 0.3; memcpy 10.0 ms): Marsit hybrid 139.9 ms (13.9x) reference,
+36.0 ms (3.6x) fused; TopK 1% 63.8 ms (6.4x) reference, 44.5 ms (4.4x) fused. numba: compile
+3.1 s (empty cache), 0.47 s from the disk cache, import 0.7 s.
 """
 import argparse
 import os
