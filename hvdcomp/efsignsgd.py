@@ -21,11 +21,13 @@ Wire: the packed sign bits of all large tensors of a step (each tensor byte-alig
 all-gathered: each rank sends ``(size-1) * sum(ceil(d_i/8))`` bytes (linear in size, unlike
 Marsit's ring), plus one scalar per tensor. Results are identical on every rank (every rank
 counts the same gathered bits). State per tensor: the memory ``e`` (``hvdcomp.feedback``).
+Host (NumPy/CPU) tensors run the fused kernels of ``hvdcomp.kernels`` (same numbers;
+``HVDCOMP_KERNELS=numpy`` selects the reference path).
 """
 import numpy as np
 
-from hvdcomp import feedback
-from hvdcomp.backend import pack_signs, unpack_signs, xp
+from hvdcomp import feedback, signmsg
+from hvdcomp.backend import unpack_signs, xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.protocol import BatchedCompressor
 
@@ -55,6 +57,19 @@ def own_error(p, own_scale, owned, scratch):
     return p - own
 
 
+def decode_fused(batch, entry, rows, off, scale):
+    """The step of one tensor and its new memory (kept) by the fused kernel
+    (``hvdcomp.kernels.signs.vote_decode``), the numbers of ``majority_step`` and
+    ``own_error`` bit for bit: its bits start at byte ``off`` of each of ``rows``."""
+    from hvdcomp.kernels import signs
+    p = entry.compensated
+    step = np.empty_like(p)
+    memory = p if entry.owned else batch.store.spare(entry.key, p)
+    signs.vote_decode(np.ascontiguousarray(rows), off, p, scale, entry.own_scale, step, memory)
+    feedback.keep(batch, entry, memory)
+    return step
+
+
 class EFSignSGD(BatchedCompressor):
     """EF-signSGD with majority vote for ``hvd.DistributedOptimizer(...,
     compression=hvdcomp.EFSignSGD)`` (definition and sources in the module docstring).
@@ -69,22 +84,24 @@ class EFSignSGD(BatchedCompressor):
 
     def prepare(self, batch):
         for e in batch.entries:
-            p = feedback.compensate(batch, e)
-            e.own_scale = xp.abs_sum(p) / e.numel
+            e.own_scale = signmsg.compensate(batch, e)
         return [[e.own_scale] for e in batch.entries]
 
     def reduce(self, batch, scalars):
         with batch.phase("encode"):
-            packed = np.concatenate([np.ascontiguousarray(xp.to_host(pack_signs(e.compensated)))
-                                     for e in batch.entries])
+            packed = signmsg.message(batch)
         with batch.phase("comm"):
             rows = batch.ctx.allgather_array(packed, dtype=np.uint8)
         out, off = [], 0
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
                 p, nbytes = e.compensated, packed_nbytes(e.numel)
-                total = vote_total(rows[:, off:off + nbytes], e.numel)
                 scale = np.sum(scalars[:, i, 0]) / scalars.shape[0]
+                if signmsg.fused(e):
+                    out.append(decode_fused(batch, e, rows, off, scale))
+                    off += nbytes
+                    continue
+                total = vote_total(rows[:, off:off + nbytes], e.numel)
                 out.append(xp.from_host(majority_step(total, scale), p))
                 feedback.keep(batch, e, own_error(p, e.own_scale, e.owned,
                                                   batch.store.scratch(e.key, p)))

@@ -9,6 +9,23 @@ buffer and written back, so that the methods do not touch the state store for it
 from hvdcomp.backend import xp
 
 
+def buffers(batch, entry):
+    """``(memory, out)`` for compensating ``entry``, without computing anything: ``memory`` is
+    the tensor's memory ``e`` (None on the first step) and ``out`` the buffer that must receive
+    ``a = entry.work + e`` (the store's spare buffer; None on the first step, when ``a`` *is*
+    ``entry.work``). Sets ``entry.compensated`` (``out``, or ``entry.work``) and
+    ``entry.owned`` (True when the method may overwrite it). The caller writes ``out`` before
+    anything reads ``entry.compensated``: ``compensate`` does, a fused kernel may do it along
+    with its own work (``hvdcomp.kernels``)."""
+    memory = batch.store.get(entry.key, like=entry.work)
+    if memory is None:
+        entry.compensated, entry.owned = entry.work, False
+        return None, None
+    entry.compensated = batch.store.spare(entry.key, entry.work)
+    entry.owned = True
+    return memory, entry.compensated
+
+
 def compensate(batch, entry):
     """Set ``entry.compensated`` to ``a = entry.work + e`` and return it.
 
@@ -16,13 +33,9 @@ def compensate(batch, entry):
     and ``entry.owned`` is False: the method must not overwrite it. Otherwise ``a`` is written
     into the store's spare buffer for the tensor (no allocation in steady state) and
     ``entry.owned`` is True: the method may overwrite it, e.g. with the residual it keeps."""
-    memory = batch.store.get(entry.key, like=entry.work)
-    if memory is None:
-        entry.compensated, entry.owned = entry.work, False
-    else:
-        entry.compensated = xp.add(entry.work, memory, out=batch.store.spare(entry.key,
-                                                                             entry.work))
-        entry.owned = True
+    memory, out = buffers(batch, entry)
+    if memory is not None:
+        xp.add(entry.work, memory, out=out)
     return entry.compensated
 
 

@@ -8,16 +8,31 @@ plus a few scalars. State per tensor: the compensation memory ``e`` (same dtype/
 working gradient; ``hvdcomp.feedback``): the step's compensated gradient is written into the
 store's spare buffer and overwritten in place by its residual, which becomes the new memory when
 the step lands. The 'hybrid' and 'local' memories also keep one work vector per tensor (the
-rank's own message as values; not state).
+rank's own message as values; not state). Host (NumPy/CPU) tensors run the fused kernels of
+``hvdcomp.kernels`` (encode and decode one pass each, same numbers; ``HVDCOMP_KERNELS=numpy``
+selects the reference path).
 """
 import numpy as np
 
-from hvdcomp import feedback, validate
+from hvdcomp import feedback, signmsg, validate
 from hvdcomp.algorithms import marsit as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.protocol import BatchedCompressor
+
+
+def decode_fused(batch, entry, bits, delta, share):
+    """``(step, memory)`` of one tensor by the fused kernel (``hvdcomp.kernels.signs``), the
+    numbers of ``alg.apply`` bit for bit: ``bits`` its merged packed bits (host uint8), ``share``
+    the local share ``a``. The memory overwrites ``entry.compensated`` when owned."""
+    from hvdcomp.kernels import signs
+    p = entry.compensated
+    step = np.empty_like(p)
+    memory = p if entry.owned else batch.store.spare(entry.key, p)
+    signs.marsit_decode(bits, p, delta, alg.memory_factor(delta, share),
+                        share * entry.own_scale if share else None, step, memory)
+    return step, memory
 
 
 class Marsit(BatchedCompressor):
@@ -50,14 +65,13 @@ class Marsit(BatchedCompressor):
 
     def prepare(self, batch):
         for e in batch.entries:
-            e.own_scale = alg.l1_scale(feedback.compensate(batch, e))
+            e.own_scale = signmsg.compensate(batch, e)
         return [[e.own_scale] for e in batch.entries]
 
     def reduce(self, batch, scalars):
         ctx = batch.ctx
         with batch.phase("encode"):
-            packed = np.concatenate([np.ascontiguousarray(xp.to_host(alg.encode(e.compensated)))
-                                     for e in batch.entries])
+            packed = signmsg.message(batch)
         with batch.phase("comm"):
             ring_allreduce(ctx, packed, alg.MarsitMerge(self.seed, batch.step, ctx.rank,
                                                            batch.key()))
@@ -66,11 +80,14 @@ class Marsit(BatchedCompressor):
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
                 p, nbytes = e.compensated, packed_nbytes(e.numel)
-                signs = alg.decode(xp.from_host(packed[off:off + nbytes], p), e.numel)
                 delta = alg.global_scale(scalars[:, i, 0])
-                local = (alg.own_message(p, share * e.own_scale, out=batch.store.scratch(e.key, p))
-                         if share else None)
-                step, memory = alg.apply(signs, delta, p, e.owned, share, local)
+                if signmsg.fused(e):
+                    step, memory = decode_fused(batch, e, packed[off:off + nbytes], delta, share)
+                else:
+                    signs = alg.decode(xp.from_host(packed[off:off + nbytes], p), e.numel)
+                    local = (alg.own_message(p, share * e.own_scale,
+                                             out=batch.store.scratch(e.key, p)) if share else None)
+                    step, memory = alg.apply(signs, delta, p, e.owned, share, local)
                 feedback.keep(batch, e, memory)
                 out.append(step)
                 off += nbytes

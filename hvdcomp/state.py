@@ -21,6 +21,8 @@ Checkpoints (``hvdcomp.protocol.BatchedCompressor.state_dict``), format 2::
 Format 1 (hvdcomp 0.1.0 before this layout) named ``"state"`` ``"memory"`` and had no
 ``"settings"``; ``read`` accepts both.
 """
+import numpy as np
+
 from hvdcomp.backend import xp
 
 FORMAT = 2
@@ -62,6 +64,14 @@ class StateStore:
         buf = self._scratch.get(key)
         if not _fits(buf, like):
             buf = self._scratch[key] = xp.empty_like(like)
+        return buf
+
+    def scratch_bytes(self, key, nbytes):
+        """A host uint8 work buffer of ``nbytes`` bytes, kept for ``key`` across steps (not
+        state, not saved), e.g. a tensor's packed bits between two phases of a step."""
+        buf = self._scratch.get(key)
+        if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.shape == (nbytes,)):
+            buf = self._scratch[key] = np.empty(nbytes, dtype=np.uint8)
         return buf
 
     def commit(self):
@@ -141,7 +151,6 @@ def read(checkpoint):
 
 
 def _host_copy(value):
-    import numpy as np
     if isinstance(value, tuple):
         return tuple(np.array(xp.to_host(v), copy=True) for v in value)
     return np.array(xp.to_host(value), copy=True)

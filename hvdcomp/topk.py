@@ -2,8 +2,9 @@
 add-back (math in ``hvdcomp.algorithms.topk``, selection in ``hvdcomp.backend.topk``).
 
 Per flush, every large gradient is compensated (``a = e + g``) and sparsified to its own k_t
-largest magnitudes; the batch's messages are laid end to end (one index space) and exchanged in
-one collective (``exchange``). State per tensor: the error-feedback memory ``e``.
+largest magnitudes (on host float tensors in one fused pass, ``hvdcomp.kernels.topk``;
+``HVDCOMP_KERNELS=numpy`` selects the reference path); the batch's messages are laid end to
+end (one index space) and exchanged in one collective (``exchange``). State per tensor: the error-feedback memory ``e``.
 
 What travels, per rank and step, with K = sum of k_t and 8-byte entries (int32 index + float32
 value; int64 indices when a batch has 2**31 elements or more):
@@ -31,7 +32,7 @@ all sparse vectors (up to size * K entries: traffic grows with size on either pa
 """
 import numpy as np
 
-from hvdcomp import feedback, validate
+from hvdcomp import feedback, kernels, validate
 from hvdcomp.algorithms import topk as alg
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
@@ -85,6 +86,19 @@ def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
     return np.asarray(g[0], dtype=np.int64), g[1]
 
 
+def compensate_and_select(batch, entry, k, selection, seed):
+    """This rank's sparse message for one tensor, ``alg.select`` of ``a = work + e``, with ``a``
+    formed on the way (``hvdcomp.feedback``): on host float tensors by the fused scan of
+    ``hvdcomp.kernels.topk`` (one pass for the sum and the threshold), else by
+    ``feedback.compensate`` before the selection. Same indices and values either way."""
+    if not kernels.active(entry.work):
+        return alg.select(feedback.compensate(batch, entry), k, selection, seed=seed)
+    from hvdcomp.kernels.topk import SumSource
+    memory, out = feedback.buffers(batch, entry)
+    return alg.select(SumSource(entry.work, memory, out, capacity=2 * k + 64), k, selection,
+                      seed=seed)
+
+
 class TopK(BatchedCompressor):
     """Top-K compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.TopK)``.
 
@@ -122,17 +136,15 @@ class TopK(BatchedCompressor):
                 "path": self.path, "selection": self.selection}
 
     def prepare(self, batch):
-        for e in batch.entries:
-            feedback.compensate(batch, e)
-        return np.zeros((len(batch.entries), 0))
+        return np.zeros((len(batch.entries), 0))  # compensated in reduce, with the selection
 
     def reduce(self, batch, scalars):
         entries, size = batch.entries, batch.ctx.size
         ks = [alg.target_count(e.numel, self.ratio, self.k) for e in entries]
         bounds = np.cumsum([0] + [e.numel for e in entries])
         with batch.phase("encode"):
-            msgs = [alg.select(e.compensated, k, self.selection,
-                               seed=batch.key(self.seed, batch.step, t))
+            msgs = [compensate_and_select(batch, e, k, self.selection,
+                                          batch.key(self.seed, batch.step, t))
                     for t, (e, k) in enumerate(zip(entries, ks))]
             idx = np.concatenate([xp.to_host(m[0]) + off for m, off in zip(msgs, bounds)])
             val = np.concatenate([xp.to_host(m[1]) for m in msgs])

@@ -69,7 +69,7 @@ TORCH_PIP_ARGS=()
 [ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
 log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
 "${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
-  mpi4py cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
+  mpi4py numba cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
 
 # 3. Horovod, from its source release, through the wheel cache.
 WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl 2>/dev/null | head -n1 || true)"

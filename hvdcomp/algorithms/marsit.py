@@ -39,9 +39,12 @@ def compensate(grad, memory):
     return grad if memory is None else grad + memory
 
 
-def l1_scale(p):
-    """``||p||_1 / d`` as a Python float (0.0 for an empty vector)."""
-    return xp.abs_sum(p) / p.shape[0] if p.shape[0] else 0.0
+def l1_scale(p, total=None):
+    """``||p||_1 / d`` as a Python float (0.0 for an empty vector); ``total``: ``sum |p|``
+    when already known (e.g. from a fused kernel), else summed here."""
+    if not p.shape[0]:
+        return 0.0
+    return (xp.abs_sum(p) if total is None else total) / p.shape[0]
 
 
 def global_scale(scales):
@@ -74,7 +77,7 @@ def apply(signs, delta, p, p_is_scratch=False, local_share=0.0, local=None):
     the global memory, five with a local share.
     """
     step = signs
-    step *= (1.0 - local_share) * delta if local_share else delta
+    step *= memory_factor(delta, local_share)
     if p_is_scratch:
         p -= step
         memory = p
@@ -84,6 +87,12 @@ def apply(signs, delta, p, p_is_scratch=False, local_share=0.0, local=None):
         memory -= local
         xp.set_magnitude(step, delta)  # (1 - a) * delta * b -> delta * b, exactly
     return step, memory
+
+
+def memory_factor(delta, local_share):
+    """The step's factor in the memory, ``(1 - a) * delta`` (``delta`` itself when ``a`` is 0),
+    as a Python float."""
+    return (1.0 - local_share) * delta if local_share else delta
 
 
 def own_message(p, own_scale, out=None):

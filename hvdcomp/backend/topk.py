@@ -38,6 +38,8 @@ MIN_SAMPLED_ABOVE = 64  # sample size floor: about this many sampled elements ab
 
 
 def _check(x, k):
+    """``(n, k)`` for a 1-D ``x`` (an array or a ``Source``) and ``1 <= k <= n``; else
+    ValueError."""
     n = int(x.shape[0]) if len(x.shape) == 1 else -1
     if n < 0:
         raise ValueError(f"top-k selection needs a 1-D array, got shape {tuple(x.shape)}")
@@ -93,20 +95,46 @@ def _sampled_magnitudes(x, m, seed):
     return _magnitude(x[pos])
 
 
+class Source:
+    """What a selector reads of the vector x it selects from: ``shape``; ``sampled(m, seed)``: |x|
+    at m positions drawn with replacement from ``numpy.random.default_rng(seed)``;
+    ``above(threshold)``: ascending int64 indices where ``|x| >= threshold``; ``array()``: x
+    itself. This one reads a given x (NumPy or Torch); ``hvdcomp.kernels.topk.SumSource``
+    forms x = g + e during its first ``above`` scan (one pass instead of two)."""
+
+    def __init__(self, x):
+        self.x, self.shape = x, x.shape
+
+    def sampled(self, m, seed):
+        return _sampled_magnitudes(self.x, m, seed)
+
+    def above(self, threshold):
+        return _above(self.x, threshold)
+
+    def array(self):
+        return self.x
+
+
+def _source(x):
+    return x if isinstance(x, Source) else Source(x)
+
+
 @_via_numpy
 def topk_exact(x, k):
     """Exactly the k largest-magnitude elements: ``(ascending int64 indices, values)``. For
     large x and k <= n/8, the candidates are first cut down with one threshold pass (a sampled
     threshold aimed at about 1.5k elements, below the k-th largest magnitude whenever at least k
     elements pass it, so the top-k is among them), then selected exactly; if fewer than k pass,
-    the whole of x is selected from."""
-    n, k = _check(x, k)
+    the whole of x is selected from. ``x`` may be a ``Source``."""
+    src = _source(x)
+    n, k = _check(src, k)
     if n >= EXACT_BELOW and 8 * k <= n:
         m = min(n // 2, max(int(0.002 * n), math.ceil(4 * MIN_SAMPLED_ABOVE * n / k)))
         r = min(m, math.ceil(1.5 * m * k / n))
-        idx = _above(x, _kth_largest(_sampled_magnitudes(x, m, 0), r))
+        idx = src.above(_kth_largest(src.sampled(m, 0), r))
         if idx.shape[0] >= k:
-            return _exact_among(x, idx, k)
+            return _exact_among(src.array(), idx, k)
+    x = src.array()
     return _sorted_pick(x, _exact_indices(_magnitude(x), k))
 
 
@@ -145,7 +173,7 @@ def topk_approx(x, k, *, seed=0, sample=0.002, tol=0.5, info=None):
     """Approximately the k largest-magnitude elements, ``|count - k| <= tol * k`` guaranteed.
 
     Args:
-        x: 1-D float NumPy array or Torch tensor (length n).
+        x: 1-D float NumPy array or Torch tensor (length n), or a ``Source``.
         k: target count, 1 <= k <= n.
         seed: seed of the sample positions (int).
         sample: fraction of the elements sampled (before the floor described in the module doc).
@@ -155,29 +183,31 @@ def topk_approx(x, k, *, seed=0, sample=0.002, tol=0.5, info=None):
     Returns:
         ``(indices, values)`` as described in the module docstring.
     """
-    n, k = _check(x, k)
+    src = _source(x)
+    n, k = _check(src, k)
     if not 0.0 <= tol < 1.0:
         raise ValueError(f"tol must lie in [0, 1), got {tol}")
     info = {} if info is None else info
     m = min(n, max(int(sample * n), math.ceil(MIN_SAMPLED_ABOVE * n / k)))
     if n < EXACT_BELOW or k == n or 2 * m >= n:
         info.update({"pass": "exact", "count": k})
-        return topk_exact(x, k)
-    sampled = _sampled_magnitudes(x, m, seed)
+        return topk_exact(src.array(), k)
+    sampled = src.sampled(m, seed)
     r = max(1, round(m * k / n))  # sample rank of the threshold for density k/n
     lo, hi = k - tol * k, k + tol * k
     for attempt in ("sample", "resample"):
-        idx = _above(x, _kth_largest(sampled, r))
+        idx = src.above(_kth_largest(sampled, r))
         c = int(idx.shape[0])
         if lo <= c <= hi:
             info.update({"pass": attempt, "count": c})
-            return idx, x[idx]
+            return idx, src.array()[idx]
         if c > hi:  # too many: the exact top-k among the (few) candidates
             info.update({"pass": attempt + "-trim", "count": k})
-            return _exact_among(x, idx, k)
+            return _exact_among(src.array(), idx, k)
         # too few: the sample overestimated the threshold; scale its rank by the shortfall
         r = min(m, math.ceil(r * k / max(c, 1) * 1.1))
     info.update({"pass": "exact", "count": k})
+    x = src.array()
     return _sorted_pick(x, _exact_indices(_magnitude(x), k))
 
 

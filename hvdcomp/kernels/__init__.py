@@ -1,0 +1,66 @@
+"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD and TopK.
+
+What is fused (each kernel reads and writes every full-size array once; contracts in the
+modules' docstrings):
+- ``hvdcomp.kernels.signs.encode``: compensation ``p = g + e``, the l1 sum ``sum |p|`` and the
+  packed sign bits (``hvdcomp.backend.bits`` layout), one pass (Marsit and EF-signSGD);
+- ``hvdcomp.kernels.signs.marsit_decode``: unpacking the merged bits, the step ``delta * b`` and
+  Marsit's memory update, one pass; ``hvdcomp.kernels.signs.vote_decode``: the same for
+  EF-signSGD (majority vote of all ranks' bits, step, own error);
+- ``hvdcomp.kernels.topk.SumSource``: TopK's compensation ``a = g + e`` fused with the
+  threshold scan of the selection (``hvdcomp.backend.topk``), one pass.
+
+They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
+reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
+
+Every kernel gives the same bits as the NumPy reference path it replaces: the same packed
+bytes, the same selected indices and values, and memories and steps equal bit for bit (the same
+float operations in the same order; the l1 sum reproduces NumPy's own summation order, see
+``hvdcomp.kernels.signs``). So ranks running either path stay bit-identical, and a resume
+replays the same numbers.
+
+The switch: environment variable ``HVDCOMP_KERNELS`` (read at every call):
+- ``numba`` (the default when numba is installed): the fused kernels;
+- ``numpy``: the NumPy reference path everywhere (what the kernels are tested against).
+Without numba installed the reference path runs (``HVDCOMP_KERNELS=numba`` then raises).
+The kernels are compiled on first use and cached on disk (numba's ``cache=True``, in
+``__pycache__`` beside this package, or numba's user cache directory where that is read-only),
+so later processes load them instead of compiling.
+
+Nothing here knows about Horovod, MPI, a framework or the state store.
+"""
+import importlib.util
+import os
+
+import numpy as np
+
+ENV = "HVDCOMP_KERNELS"
+MODES = ("numba", "numpy")
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+_HAVE_NUMBA = None
+
+
+def mode():
+    """'numba' or 'numpy': the path selected by ``HVDCOMP_KERNELS`` (module docstring)."""
+    global _HAVE_NUMBA
+    if _HAVE_NUMBA is None:
+        _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+    want = os.environ.get(ENV, "").strip().lower()
+    if want not in ("",) + MODES:
+        raise ValueError(f"{ENV} must be one of {MODES}, got {want!r}")
+    if want == "numba" and not _HAVE_NUMBA:
+        raise ImportError(f"{ENV}=numba, but numba is not installed (pip install numba)")
+    return want or ("numba" if _HAVE_NUMBA else "numpy")
+
+
+def active(*arrays):
+    """True when the fused kernels serve these arrays: the kernels are selected, and every
+    array is a C-contiguous 1-D NumPy float32/float64 array (``None`` entries are skipped) of
+    one dtype."""
+    arrays = [a for a in arrays if a is not None]
+    if not arrays or mode() != "numba":
+        return False
+    dtype = arrays[0].dtype if isinstance(arrays[0], np.ndarray) else None
+    return all(isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype == dtype
+               and a.flags.c_contiguous for a in arrays) and dtype in FLOATS

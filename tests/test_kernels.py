@@ -1,0 +1,171 @@
+"""hvdcomp.kernels: the fused numba kernels against the NumPy reference path they replace.
+
+Tolerance: none. Every comparison is bit for bit (packed bytes, l1 sums, steps, memories,
+selected indices and values), since the kernels do the reference's float operations in the
+same order (the l1 sum in NumPy's own pairwise order)."""
+import numpy as np
+import pytest
+
+from hvdcomp import kernels
+from hvdcomp.algorithms import marsit as alg
+from hvdcomp.backend import pack_signs
+from hvdcomp.backend import topk as sel
+from hvdcomp.efsignsgd import majority_step, own_error, vote_total
+
+pytest.importorskip("numba")
+from hvdcomp.kernels import signs  # noqa: E402
+from hvdcomp.kernels.topk import SumSource  # noqa: E402
+
+LENGTHS = [0, 1, 7, 8, 9, 127, 128, 129, 1000, 8191, 8192, 8193, 100_003]
+DTYPES = [np.float32, np.float64]
+
+
+def _same(a, b):
+    """Bit-identical arrays (signed zeros included)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _vectors(n, dtype, seed):
+    """``(g, e)`` with zeros of both signs, ties and a wide range of magnitudes."""
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal(n) * rng.exponential(1.0, n)).astype(dtype)
+    e = (0.1 * rng.standard_normal(n)).astype(dtype)
+    special = np.array([0.0, -0.0, 0.0, -0.0, 1.0, -1.0], dtype=dtype)
+    m = min(n, special.size)
+    g[:m], e[:m] = special[:m], special[::-1][:m] * 0
+    return g, e
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_encode_matches_reference(n, dtype):
+    """p = g + e, the packed bits (-0.0 packs as 0, unused bits 0) and np.abs(p).sum()."""
+    g, e = _vectors(n, dtype, n)
+    p, bits = np.full_like(g, np.nan), np.full((n + 7) // 8, 0xAA, np.uint8)
+    total = signs.encode(g, e, p, bits)
+    want = g + e
+    assert _same(p, want) and _same(bits, pack_signs(want))
+    assert total == float(np.abs(want).sum())
+    total = signs.encode(g, None, None, bits)  # first step: no memory, p is g
+    assert _same(bits, pack_signs(g)) and total == float(np.abs(g).sum())
+
+
+def test_encode_views_and_all_negative_zeros():
+    g, e = _vectors(20_001, np.float32, 3)
+    for lo in (1, 3, 8):  # unaligned views (contiguous)
+        gv, ev = g[lo:], e[lo:]
+        p, bits = np.empty_like(gv), np.empty((gv.size + 7) // 8, np.uint8)
+        assert signs.encode(gv, ev, p, bits) == float(np.abs(gv + ev).sum())
+        assert _same(bits, pack_signs(gv + ev))
+    z = np.full(13, -0.0, np.float32)
+    bits = np.empty(2, np.uint8)
+    assert signs.encode(z, None, None, bits) == 0.0 and list(bits) == [0, 0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(alg.LOCAL_SHARE))
+@pytest.mark.parametrize("n", [1, 9, 1000, 8193])
+def test_marsit_decode_matches_apply(n, variant, dtype):
+    """step = delta * b and the memory of every compensation variant, in place or not."""
+    g, e = _vectors(n, dtype, 7)
+    p = g + e
+    merged = pack_signs(np.random.default_rng(n).standard_normal(n))
+    share, own, delta = alg.LOCAL_SHARE[variant], 0.37, 0.61
+    for in_place in (False, True):
+        local = alg.own_message(p, share * own) if share else None
+        want_step, want_mem = alg.apply(alg.decode(merged, n, np.dtype(dtype).name), delta,
+                                        p.copy(), True, share, local)
+        step = np.empty_like(p)
+        src = p.copy()
+        mem = src if in_place else np.empty_like(p)
+        signs.marsit_decode(merged, src, delta, alg.memory_factor(delta, share),
+                            share * own if share else None, step, mem)
+        assert _same(step, want_step) and _same(mem, want_mem)
+
+
+def test_marsit_decode_zero_scales_keep_signed_zeros():
+    p = np.array([0.0, -0.0, 0.0, -0.0, 1.0], np.float32)
+    merged = np.array([0b10100000], np.uint8)
+    for share in (0.0, 0.1, 1.0):
+        local = alg.own_message(p, 0.0) if share else None
+        want = alg.apply(alg.decode(merged, 5), 0.0, p.copy(), True, share, local)
+        step, mem = np.empty_like(p), np.empty_like(p)
+        signs.marsit_decode(merged, p, 0.0, alg.memory_factor(0.0, share),
+                            0.0 if share else None, step, mem)
+        assert _same(step, want[0]) and _same(mem, want[1])
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [5, 64, 1001])
+def test_vote_decode_matches_majority_step_and_own_error(ranks, n):
+    rng = np.random.default_rng(ranks * n)
+    p = (rng.standard_normal(n) * (rng.random(n) > 0.1)).astype(np.float32)
+    p[:2] = [-0.0, 0.0]
+    nb = (n + 7) // 8
+    rows = np.stack([np.concatenate([rng.integers(0, 256, 3, dtype=np.uint8),
+                                     pack_signs(rng.standard_normal(n)), [0]])
+                     for _ in range(ranks)]).astype(np.uint8)
+    scale, own = np.float64(0.8), 0.45
+    step, mem = np.empty_like(p), np.empty_like(p)
+    signs.vote_decode(rows, 3, p, scale, own, step, mem)
+    want = majority_step(vote_total(rows[:, 3:3 + nb], n), scale)
+    assert _same(step, want)
+    assert _same(mem, own_error(p, own, False, np.empty_like(p)))
+
+
+def _topk_data(kind, n, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal(n).astype(np.float32)
+    if kind == "sparse":  # a huge tie at 0
+        x = np.zeros(n, np.float32)
+        x[rng.choice(n, n // 200, replace=False)] = rng.standard_normal(n // 200)
+        return x
+    if kind == "integers":  # many exact ties
+        return rng.integers(-5, 6, n).astype(np.float32)
+    return rng.standard_cauchy(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["normal", "sparse", "integers", "cauchy"])
+@pytest.mark.parametrize("n,k", [(200_000, 2000), (100_000, 1), (70_000, 35_000), (5000, 50)])
+@pytest.mark.parametrize("method", ["approx", "exact"])
+def test_topk_sum_source_selects_what_the_reference_selects(kind, n, k, method):
+    """Same indices, values and accumulated vector as compensating first, then selecting."""
+    g, e = _topk_data(kind, n, 1), _topk_data(kind, n, 2) * np.float32(0.3)
+    want = sel.select_topk(g + e, k, method, seed=11)
+    for capacity in (2 * k + 64, 1):  # 1: the scan overflows and is redone on the sum
+        out = np.full_like(g, np.nan)
+        src = SumSource(g, e, out, capacity)
+        got = sel.select_topk(src, k, method, seed=11)
+        assert _same(got[0], want[0]) and _same(got[1], want[1])
+        assert _same(src.array(), g + e)
+    first = sel.select_topk(SumSource(g, None, None, 1), k, method, seed=11)  # no memory yet
+    ref = sel.select_topk(g, k, method, seed=11)
+    assert _same(first[0], ref[0]) and _same(first[1], ref[1])
+
+
+def test_switch(monkeypatch):
+    x = np.zeros(16, np.float32)
+    monkeypatch.setenv(kernels.ENV, "numpy")
+    assert kernels.mode() == "numpy" and not kernels.active(x)
+    monkeypatch.setenv(kernels.ENV, "numba")
+    assert kernels.active(x) and kernels.active(x, None)
+    assert not kernels.active(x[::2]) and not kernels.active(x.astype(np.float16))
+    assert not kernels.active(x, x.astype(np.float64)) and not kernels.active(x.reshape(4, 4))
+    monkeypatch.setenv(kernels.ENV, "fast")
+    with pytest.raises(ValueError):
+        kernels.mode()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["Marsit", "EFSignSGD", "TopK"])
+def test_training_is_bit_identical_with_either_path(name):
+    """4 real ranks, the stock horovod.torch optimizer: the run with the fused kernels and the
+    run with HVDCOMP_KERNELS=numpy end in the same model (accuracy and loss to the last bit)."""
+    from conftest import train_digits
+    from hvdcomp import registry
+    preset = registry.base_preset(name) if name != "TopK" else "topk-bare"
+    fused = train_digits(preset, env={kernels.ENV: "numba"})
+    ref = train_digits(preset, env={kernels.ENV: "numpy"})
+    assert (fused[0]["acc"], fused[0]["loss"]) == (ref[0]["acc"], ref[0]["loss"])
