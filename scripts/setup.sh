@@ -54,7 +54,7 @@ if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; t
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_WANT" ] && "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp' 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_WANT" ] && "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, numba, hvdcomp' 2>/dev/null; then
   log "already set up ($HVD_KEY)"
   exit 0
 fi
@@ -114,7 +114,7 @@ log "installing $(basename "$WHEEL")"
 # 4. hvdcomp itself, editable.
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
-"$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, hvdcomp'
+"$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, numba, hvdcomp'
 log "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 echo "$STAMP_WANT" > "$STAMP"
 log "done"
