@@ -26,7 +26,7 @@ Host (NumPy/CPU) tensors run the fused kernels of ``hvdcomp.kernels`` (same numb
 """
 import numpy as np
 
-from hvdcomp import feedback, signmsg
+from hvdcomp import feedback, kernels, signmsg
 from hvdcomp.backend import unpack_signs, xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.protocol import BatchedCompressor
@@ -81,6 +81,10 @@ class EFSignSGD(BatchedCompressor):
 
     method = "EFSignSGD"
     n_scalars = 1  # this rank's scale ||p||_1 / d
+
+    def __init__(self, **common):
+        super().__init__(**common)
+        kernels.warm("signs")
 
     def prepare(self, batch):
         for e in batch.entries:

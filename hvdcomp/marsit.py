@@ -14,7 +14,7 @@ selects the reference path).
 """
 import numpy as np
 
-from hvdcomp import feedback, signmsg, validate
+from hvdcomp import feedback, kernels, signmsg, validate
 from hvdcomp.algorithms import marsit as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
@@ -59,6 +59,7 @@ class Marsit(BatchedCompressor):
     def __init__(self, *, compensation="hybrid", **common):
         super().__init__(**common)
         self.compensation = validate.choice("compensation", compensation, tuple(alg.LOCAL_SHARE))
+        kernels.warm("signs")
 
     def settings(self):
         return {"compensation": self.compensation}

@@ -130,6 +130,7 @@ class TopK(BatchedCompressor):
         self.bidirectional = validate.flag("bidirectional", bidirectional)
         self.path = validate.choice("path", path, PATHS)
         self.selection = validate.choice("selection", selection, SELECTIONS)
+        kernels.warm("topk")
 
     def settings(self):
         return {"ratio": self.ratio, "k": self.k, "bidirectional": self.bidirectional,

@@ -64,3 +64,18 @@ def active(*arrays):
     dtype = arrays[0].dtype if isinstance(arrays[0], np.ndarray) else None
     return all(isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype == dtype
                and a.flags.c_contiguous for a in arrays) and dtype in FLOATS
+
+
+_WARMED = set()
+
+
+def warm(module):
+    """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
+    the kernels of ``module`` ('signs' or 'topk') that a float32 training uses (the first step,
+    without memory, and the later ones, with it), so that a training's first steps do not pay
+    for it and LayerFusion's timings of them stay true. Called by the constructors of the
+    methods that use the kernels; once per module and process; nothing on the reference path."""
+    if module in _WARMED or mode() != "numba":
+        return
+    importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)
+    _WARMED.add(module)

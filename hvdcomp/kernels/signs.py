@@ -191,3 +191,15 @@ def vote_decode(rows, off, p, scale, own_scale, step, memory):
     """
     t = p.dtype.type
     _vote_decode(rows, int(off), p, step, memory, t(scale), t(abs(own_scale)))
+
+
+def warm(dtype):
+    """Run every entry point once on 16 elements of ``dtype`` (``hvdcomp.kernels.warm``)."""
+    g, e, p, step = (np.ones(16, dtype) for _ in range(4))
+    bits = np.zeros(2, np.uint8)
+    encode(g, None, None, bits)
+    encode(g, e, p, bits)
+    for local in (None, 0.1):
+        marsit_decode(bits, p, 1.0, 1.0, local, step, p)
+    vote_decode(np.zeros((2, 2), np.uint8), 0, p, 1.0, 1.0, step, p)
+

@@ -70,3 +70,11 @@ class SumSource(Source):
             np.add(self.g, self.e, out=self.x)
             self.done = True
         return self.x
+
+
+def warm(dtype):
+    """Run the fused scan once on 16 elements of ``dtype`` (``hvdcomp.kernels.warm``)."""
+    g, e, out = (np.ones(16, dtype) for _ in range(3))
+    SumSource(g, e, out, 4).above(1.0)
+    SumSource(g, None, out, 4).above(1.0)
+
