@@ -4,7 +4,8 @@ add-back (math in ``hvdcomp.algorithms.topk``, selection in ``hvdcomp.backend.to
 Per flush, every large gradient is compensated (``a = e + g``) and sparsified to its own k_t
 largest magnitudes (on host float tensors in one fused pass, ``hvdcomp.kernels.topk``;
 ``HVDCOMP_KERNELS=numpy`` selects the reference path); the batch's messages are laid end to
-end (one index space) and exchanged in one collective (``exchange``). State per tensor: the error-feedback memory ``e``.
+end (one index space) and exchanged in one collective (``exchange``). State per tensor: the
+error-feedback memory ``e``.
 
 What travels, per rank and step, with K = sum of k_t and 8-byte entries (int32 index + float32
 value; int64 indices when a batch has 2**31 elements or more):
