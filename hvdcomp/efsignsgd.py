@@ -62,9 +62,7 @@ def decode_fused(batch, entry, rows, off, scale):
     (``hvdcomp.kernels.signs.vote_decode``), the numbers of ``majority_step`` and
     ``own_error`` bit for bit: its bits start at byte ``off`` of each of ``rows``."""
     from hvdcomp.kernels import signs
-    p = entry.compensated
-    step = np.empty_like(p)
-    memory = p if entry.owned else batch.store.spare(entry.key, p)
+    p, step, memory = signmsg.decode_buffers(batch, entry)
     signs.vote_decode(np.ascontiguousarray(rows), off, p, scale, entry.own_scale, step, memory)
     feedback.keep(batch, entry, memory)
     return step

@@ -12,7 +12,6 @@ rank's own message as values; not state). Host (NumPy/CPU) tensors run the fused
 ``hvdcomp.kernels`` (encode and decode one pass each, same numbers; ``HVDCOMP_KERNELS=numpy``
 selects the reference path).
 """
-import numpy as np
 
 from hvdcomp import feedback, kernels, signmsg, validate
 from hvdcomp.algorithms import marsit as alg
@@ -27,9 +26,7 @@ def decode_fused(batch, entry, bits, delta, share):
     numbers of ``alg.apply`` bit for bit: ``bits`` its merged packed bits (host uint8), ``share``
     the local share ``a``. The memory overwrites ``entry.compensated`` when owned."""
     from hvdcomp.kernels import signs
-    p = entry.compensated
-    step = np.empty_like(p)
-    memory = p if entry.owned else batch.store.spare(entry.key, p)
+    p, step, memory = signmsg.decode_buffers(batch, entry)
     signs.marsit_decode(bits, p, delta, alg.memory_factor(delta, share),
                         share * entry.own_scale if share else None, step, memory)
     return step, memory

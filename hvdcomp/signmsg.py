@@ -40,3 +40,11 @@ def message(batch):
         batch.store.scratch_bytes(e.key + BITS, packed_nbytes(e.numel)) if fused(e)
         else np.ascontiguousarray(xp.to_host(pack_signs(e.compensated)))
         for e in batch.entries])
+
+
+def decode_buffers(batch, entry):
+    """``(p, step, memory)`` for a fused decode of ``entry``: its compensated vector, a new
+    array for the step (it becomes the user's gradient) and where the new memory goes (``p``
+    itself when the method owns it, else the store's spare buffer)."""
+    p = entry.compensated
+    return p, np.empty_like(p), p if entry.owned else batch.store.spare(entry.key, p)
