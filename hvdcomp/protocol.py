@@ -16,7 +16,8 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
 
 With LayerFusion (``fusion='auto'``/``'layerwise'``, ``hvdcomp.bucketing``) the step is reduced
 in buckets by a background thread while the backward pass runs; errors keep whole-step
-semantics. Graph front ends (TensorFlow) call ``reduce_now`` per tensor and step instead.
+semantics. Graph front ends (TensorFlow) call ``reduce_batch_now`` once per step instead, with
+the step's gradients as one batch (``hvdcomp.frontends.tensorflow``).
 
 A method subclasses ``BatchedCompressor`` and provides ``method`` (its name), ``n_scalars``,
 ``settings()``, ``prepare(batch)`` and ``reduce(batch, scalars)`` (see ``hvdcomp.engine.Batch``
@@ -158,9 +159,9 @@ class BatchedCompressor:
             self._ownership.check_parameters(self.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
                 # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter
-                # builds, in decompress(), a per-step op that calls reduce_now() with the value.
+                # builds, in decompress(), the per-step ops that call reduce_batch_now().
                 return (adapter.placeholder(tensor, self._placeholder_values()),
-                        adapter.Deferred(self, ident.name, tensor))
+                        adapter.Deferred(self, ident, tensor))
             key = ident.name
             if key in self._pending_keys:
                 raise HvdcompError(
@@ -230,17 +231,34 @@ class BatchedCompressor:
     def reduce_now(self, key, array, reduced_placeholder):
         """Reduce one host array (NumPy) across ranks right now and return the result like
         ``decompress`` would (``reduced_placeholder``: what Horovod made of the placeholder):
-        the per-step entry point of graph front ends. Every rank must call it for the same keys
-        in the same order (the TensorFlow adapter's ops run in program order)."""
+        ``reduce_batch_now`` for one tensor, scaled by the op's factor and shaped like ``array``."""
+        factor = self.op_factor(reduced_placeholder, key)
+        (flat,) = self.reduce_batch_now([key], [array], reduced_placeholder)
+        out = flat * factor if factor != 1 else flat
+        return np.asarray(out, dtype=array.dtype).reshape(array.shape)
+
+    def reduce_batch_now(self, keys, arrays, reduced_placeholder):
+        """Reduce host arrays (NumPy, any shape, float) across ranks right now as one batch (one
+        step): the per-step entry point of graph front ends. Returns, in ``keys``' order, each
+        array's mean over ranks, flat, float32 (float64 for float64 input), on the host, not yet
+        multiplied by the op's factor (``op_factor``). ``reduced_placeholder``: what Horovod
+        made of one of the batch's placeholders; an unsupported op raises before anything is
+        communicated. Every rank must call it with the same keys in the same order (the
+        TensorFlow adapter's ops run in program order)."""
         from hvdcomp.backend import xp
         from hvdcomp.frontends import numpy as np_adapter
-        factor = self._reduction_factor(np_adapter.reduced(reduced_placeholder), key)
+        self.op_factor(reduced_placeholder, keys[0])
         with self._lock:
-            entry = Entry(key, array, np_adapter)
-            self.engine.process([entry])
-            flat, _ = self.engine.results.pop(entry.ticket)
-        out = xp.to_host(flat) * factor if factor != 1 else xp.to_host(flat)
-        return np.asarray(out, dtype=array.dtype).reshape(array.shape)
+            entries = [Entry(k, a, np_adapter) for k, a in zip(keys, arrays)]
+            self.engine.process(sorted(entries, key=lambda e: e.key))
+            return [xp.to_host(self.engine.results.pop(e.ticket)[0]) for e in entries]
+
+    def op_factor(self, reduced_placeholder, key):
+        """The factor of Horovod's reduction op for tensor ``key`` (1 for Average, the set's size
+        for Sum, times pre/postscale) read from its reduced placeholder (a NumPy array; a bare
+        number counts as unreduced: 1); ``UnsupportedOpError`` for other ops."""
+        from hvdcomp.frontends import numpy as np_adapter
+        return self._reduction_factor(np_adapter.reduced(reduced_placeholder), key)
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance

@@ -107,7 +107,8 @@ def test_tensorflow_gradient_row_names_variables():
     frame = SimpleNamespace(f_locals={"grads": [g1, object(), g2, g2], "vars": vars_,
                                       "process_set": "set"}, f_back=None)
     row = tf_adapter.callers()[2]
-    assert row.read(frame, g1) == Identity("kernel:0#0", vars_[0], "set", None)
+    call = tf_adapter.GradientsCall(frame.f_locals["grads"], vars_)  # the step's batch
+    assert row.read(frame, g1) == Identity("kernel:0#0", vars_[0], "set", None, call)
     assert [row.read(frame, g2).name for _ in range(2)] == ["u:0", "v:0"]  # one tensor, two
     import horovod.tensorflow as hvd  # AutoGraph's conversion keeps the module and 'tf__'
     assert row.matches(SimpleNamespace(f_globals=hvd.__dict__,

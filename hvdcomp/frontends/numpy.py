@@ -1,5 +1,5 @@
 """NumPy adapter, for direct use of the compressors on host arrays (tests, benchmarks, and
-TensorFlow's numpy_function bridge, which calls ``reduce_now(key, ...)`` with its own key).
+TensorFlow's numpy_function bridge, which calls ``reduce_batch_now(keys, ...)`` with its own keys).
 
 No Horovod call stands above a direct ``compress()``, so a host array is named explicitly::
 

@@ -3,24 +3,39 @@
 Horovod's TensorFlow integration calls ``compress``/``decompress`` while tracing (the
 DistributedGradientTape and DistributedOptimizer always trace their all-reduce, even in eager
 mode), so Python there runs once per trace, not once per step. This adapter therefore defers the
-work: ``compress`` returns a 1-element float32 placeholder for Horovod's allreduce, and
-``decompress`` returns a ``tf.numpy_function`` op that, at every step, hands the gradient's value
-to the compressor's ``reduce_now`` (the shared NumPy backend: no second implementation).
+work: ``compress`` returns a 2-element float32 placeholder for Horovod's allreduce, and
+``decompress`` returns ``tf.numpy_function`` ops that, at every step, hand the gradients' values
+to the compressor's ``reduce_batch_now`` (the shared NumPy backend: no second implementation).
 
-Ordering: the op is stateful, and ``tf.function`` runs stateful ops in program order (automatic
+One batch per step (``StepBatch``): the gradients of one ``allreduce_grads`` call (every gradient
+path of Horovod TF: DistributedGradientTape, the legacy and the Keras DistributedOptimizer, with
+or without ``num_groups``/``groups``) are reduced together by one op, built in the first
+gradient's ``decompress``: it takes every gradient of the call as input (captured into that
+gradient's ``tf.cond`` branch), so hvdcomp pays the ring's latency once per step, not once per
+tensor, and the compressor counts one step per training step. Each gradient's own op then only
+takes its result. Direct ``hvd.allreduce(t, name=...)`` calls are reduced one by one.
+
+Ordering: the ops are stateful, and ``tf.function`` runs stateful ops in program order (automatic
 control dependencies; Horovod wraps each allreduce in a ``tf.cond``, which is stateful too), so
-hvdcomp's collectives run in trace order, the same on every rank. (No explicit chaining: each
-op lives in its own ``tf.cond`` branch graph, where a chain could not link them anyway.)
-TF1-style sessions (no automatic control dependencies) are not supported.
+hvdcomp's collectives run in trace order, the same on every rank, and a step's batch op runs
+before its gradients take their results. (No explicit chaining: each op lives in its own
+``tf.cond`` branch graph, where a chain could not link them anyway.) TF1-style sessions (no
+automatic control dependencies) are not supported.
 
 Naming (``callers()``, ``hvdcomp.frontends.naming``): state is keyed by the variable's name (read
 from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
 direct calls need ``name=``.
 """
+import collections
+import functools
 import sys
+import weakref
+from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
+from hvdcomp.errors import HvdcompError, UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
 
@@ -97,6 +112,21 @@ def _direct_group(frame, tensor):
     return Identity(name, None, loc.get("process_set"), None)
 
 
+class GradientsCall(NamedTuple):
+    """One ``allreduce_grads(grads, vars)`` call of Horovod TF, as ``compress`` sees it."""
+    grads: Any
+    vars: Any
+
+
+def gradient_names(vars_):
+    """The key of each gradient of ``allreduce_grads(grads, vars_)``: ``vars_[i].name``, with
+    ``'#i'`` appended when several variables share it (e.g. two standalone layers'
+    'kernel:0')."""
+    names = [v.name for v in vars_]
+    counts = collections.Counter(names)
+    return [f"{n}#{i}" if counts[n] > 1 else n for i, n in enumerate(names)]
+
+
 def _gradients(frame, tensor):
     loc = frame.f_locals
     grads, vars_ = loc.get("grads"), loc.get("vars")
@@ -104,9 +134,10 @@ def _gradients(frame, tensor):
     if index is None or not isinstance(vars_, (list, tuple)) or index >= len(vars_):
         return None
     name = vars_[index].name
-    if sum(v.name == name for v in vars_) > 1:  # e.g. two standalone layers' 'kernel:0'
-        name = f"{name}#{index}"
-    return Identity(name, vars_[index], loc.get("process_set"), _optimizer(frame.f_back))
+    if sum(v.name == name for v in vars_) > 1:
+        name = gradient_names(vars_)[index]
+    return Identity(name, vars_[index], loc.get("process_set"), _optimizer(frame.f_back),
+                    GradientsCall(grads, vars_))
 
 
 def _keras_direct(frame, tensor):
@@ -169,26 +200,101 @@ def placeholder(tensor, values):
     return tf.constant(values, dtype=tf.float32)
 
 
+def _batchable(grad):
+    """Whether Horovod hands ``grad`` of an ``allreduce_grads`` call to ``compress``, and hvdcomp
+    reduces it: a dense floating tensor (None and IndexedSlices gradients are Horovod's own)."""
+    return isinstance(grad, tf.Tensor) and grad.dtype.is_floating
+
+
+def _working(tensor):
+    return tf.cast(tensor, tf.float64 if tensor.dtype == tf.float64 else tf.float32)
+
+
+class StepBatch:
+    """The gradients of one traced ``allreduce_grads`` call (``GradientsCall``), reduced at
+    every step as one batch by one op.
+
+    Built at trace time by the call's first ``compress`` (the leader). ``keys``: the call's
+    gradients that Horovod hands to ``compress`` (``_batchable``), in call order; ``tensors``:
+    key -> gradient (a tensor of the traced function). The leader's ``decompress`` builds the
+    ``reduce`` op (every gradient's value in, ``reduce_batch_now``, results kept in
+    ``results``); every gradient's ``decompress`` builds a ``take`` op that returns its own
+    result (flat, times its op factor)."""
+
+    def __init__(self, compressor, call):
+        self.compressor, self.call = compressor, call
+        names = gradient_names(call.vars)
+        self.tensors = {names[i]: g for i, g in enumerate(call.grads) if _batchable(g)}
+        self.keys = list(self.tensors)
+        self.joined = set()  # the keys whose compress() has been traced
+        self.results = {}
+
+    def join(self, key, tensor):
+        """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
+        if self.tensors.get(key) is not tensor or key in self.joined:
+            return False
+        self.joined.add(key)
+        return True
+
+    def reduce(self, reduced_placeholder, *values):
+        """The op: reduce every gradient of the step (NumPy ``values`` in ``keys`` order)."""
+        self.results = {}
+        flats = self.compressor.reduce_batch_now(self.keys, values, reduced_placeholder)
+        self.results = dict(zip(self.keys, flats))
+        return np.int64(len(flats))
+
+    def take(self, key, reduced_placeholder, *after):
+        """The op of gradient ``key``: its result of this step's ``reduce``, flat, times the op
+        factor its own placeholder shows."""
+        factor = self.compressor.op_factor(reduced_placeholder, key)
+        flat = self.results.pop(key, None)
+        if flat is None:
+            raise HvdcompError(
+                f"{self.compressor.method}: gradient {key!r} has no result: its step's batch op "
+                "did not run before it (TF1-style sessions, without tf.function's automatic "
+                "control dependencies, are not supported)")
+        return flat * flat.dtype.type(factor) if factor != 1 else flat
+
+
+# compressor -> the StepBatch being traced (the last allreduce_grads call seen).
+_TRACING = weakref.WeakKeyDictionary()
+
+
 class Deferred:
-    """The ``ctx`` of a traced tensor: builds the per-step reduction op in ``decompress``."""
+    """The ``ctx`` of a traced tensor: builds its per-step ops in ``decompress`` (a tensor of an
+    ``allreduce_grads`` call: its ``StepBatch``'s; any other tensor: its own reduction)."""
     DEFERRED = True
 
-    def __init__(self, compressor, name, tensor):
-        self.compressor, self.key, self.tensor = compressor, name, tensor
+    def __init__(self, compressor, identity, tensor):
+        self.compressor, self.key, self.tensor = compressor, identity.name, tensor
+        self.batch, self.leader = None, False
+        call = identity.call
+        if call is not None and _batchable(tensor):
+            batch = _TRACING.get(compressor)
+            if batch is None or batch.call.grads is not call.grads or identity.name in batch.joined:
+                batch = _TRACING[compressor] = StepBatch(compressor, call)
+            if batch.join(identity.name, tensor):
+                self.batch, self.leader = batch, len(batch.joined) == 1
 
     def build(self, output):
         tensor, key, comp = self.tensor, self.key, self.compressor
         if not tensor.dtype.is_floating:
-            from hvdcomp.errors import UnsupportedTensorError
             raise UnsupportedTensorError(
                 f"{comp.method}: tensor {key!r} has dtype {tensor.dtype.name}; hvdcomp compresses "
                 "floating-point gradients only")
-        work = tf.cast(tensor, tf.float64 if tensor.dtype == tf.float64 else tf.float32)
-
-        def run(value, reduced):
-            return comp.reduce_now(key, value, reduced)
-
-        out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
-                                name="hvdcomp_" + comp.method)
+        work = _working(tensor)
+        name = "hvdcomp_" + comp.method
+        if self.batch is None:
+            def run(value, reduced):
+                return comp.reduce_now(key, value, reduced)
+            out = tf.numpy_function(run, [work, output], work.dtype, stateful=True, name=name)
+        else:
+            batch, after = self.batch, []
+            if self.leader:
+                values = [_working(batch.tensors[k]) for k in batch.keys]
+                after = [tf.numpy_function(batch.reduce, [output, *values], tf.int64,
+                                           stateful=True, name=name + "_step")]
+            out = tf.numpy_function(functools.partial(batch.take, key), [output, *after],
+                                    work.dtype, stateful=True, name=name)
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)

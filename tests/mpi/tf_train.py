@@ -95,6 +95,9 @@ logits = model(xte)
 out["tape_steps"], out["tape_identical"] = steps, ok
 out["tape_acc"] = float(np.mean(np.argmax(logits.numpy(), 1) == yte))
 out["tape_keys"] = sorted(comp.state_dict()["state"])
+# One batch per step: hvdcomp's steps are the training steps, each holding every gradient.
+out["tape_flushes"], out["tape_elements"] = comp.total_stats.steps, comp.last_stats.elements
+out["variable_elements"] = sum(int(np.prod(v.shape)) for v in variables)
 
 # 3. Keras model.fit with hvd.keras DistributedOptimizer.
 tf.keras.utils.set_random_seed(0)
@@ -119,4 +122,6 @@ kmodel.fit(xs, ys, batch_size=32, epochs=epochs, verbose=0, shuffle=False,
 out["keras_steps"], out["keras_identical"] = Identical.n, Identical.ok
 out["keras_acc"] = float(kmodel.evaluate(xte, yte, verbose=0)[1])
 out["keras_flushes"] = comp.total_stats.steps
+out["keras_elements"] = comp.last_stats.elements
+out["keras_variable_elements"] = sum(int(np.prod(v.shape)) for v in kmodel.trainable_variables)
 report(rank=rank, **out)
