@@ -12,7 +12,8 @@ elements, matrices of 0.26M to 2.6M). Per rank, a batch of 4 random sequences of
 compute per parameter, so the step is dominated by the gradient all-reduce, as in large-model
 data parallelism on slow links. ``--model mlp``: instead, the 25M-parameter 2-layer MLP of issue
 #18 (5000 -> 2500 -> 5000, 4 tensors: two 12.5M matrices and their biases; a batch of 4 random
-vectors against random classes).
+vectors against random classes); ``--model mlp48``: the 25M MLP of 48 tensors of issue #19 (24
+Linear(1024, 1024), ReLU between), whose TensorFlow twin is ``tf_step_bench.py``.
 
 For every method (Horovod fp32/fp16, every hvdcomp compressor) a fresh model (same seed on every
 rank) and the stock ``hvd.DistributedOptimizer(SGD(lr=1e-4), named_parameters=...,
@@ -35,7 +36,7 @@ import horovod.torch as hvd
 
 from allreduce_bench import ALL_METHODS, make_compression  # this script's folder
 
-VOCAB, D_MODEL, SEQ, BATCH = 5000, 512, 32, 4
+VOCAB, D_MODEL, SEQ, BATCH, WIDTH48 = 5000, 512, 32, 4, 1024
 
 
 class TinyLM(torch.nn.Module):
@@ -62,8 +63,22 @@ class MLP(torch.nn.Module):
         return self.body(x)
 
 
+class MLP48(torch.nn.Module):
+    """The 25M MLP of 48 tensors (issue #19): 24 Linear(1024, 1024) with ReLU between."""
+
+    def __init__(self, layers=24):
+        super().__init__()
+        mods = []
+        for i in range(layers):
+            mods += [torch.nn.Linear(WIDTH48, WIDTH48)] + ([torch.nn.ReLU()] if i < layers - 1 else [])
+        self.body = torch.nn.Sequential(*mods)
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def make_model(args):
-    return MLP() if args.model == "mlp" else TinyLM(args.layers)
+    return {"mlp": MLP, "mlp48": MLP48}.get(args.model, lambda: TinyLM(args.layers))()
 
 
 def make_batch(args, gen):
@@ -71,14 +86,18 @@ def make_batch(args, gen):
     if args.model == "mlp":
         return (torch.randn(BATCH, VOCAB, generator=gen),
                 torch.randint(0, VOCAB, (BATCH,), generator=gen))
-    tokens = make_batch(args, gen)
+    if args.model == "mlp48":
+        return (torch.randn(BATCH, WIDTH48, generator=gen),
+                torch.randint(0, WIDTH48, (BATCH,), generator=gen))
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def one_step(model, opt, batch):
     opt.zero_grad()
     logits = model(batch[0])
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[1].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             batch[1].reshape(-1))
     loss.backward()
     opt.step()
 
@@ -86,7 +105,7 @@ def one_step(model, opt, batch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--methods", default=",".join(ALL_METHODS))
-    ap.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
+    ap.add_argument("--model", choices=("transformer", "mlp", "mlp48"), default="transformer")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
@@ -147,7 +166,8 @@ def main():
         except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
             status = f"error: {type(exc).__name__}: {exc}"
         comm.Barrier()
-        rec = {"kind": "train", "label": args.label, "ranks": size, "hosts": hvd.cross_size(),
+        rec = {"kind": "train", "framework": "torch", "api": "optimizer", "model": args.model,
+               "label": args.label, "ranks": size, "hosts": hvd.cross_size(),
                "method": method, "status": status, "params": params, "tensors": tensors,
                "compute_seconds": compute, "steps": len(times)}
         if status == "ok":

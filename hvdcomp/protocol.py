@@ -232,22 +232,19 @@ class BatchedCompressor:
         """Reduce one host array (NumPy) across ranks right now and return the result like
         ``decompress`` would (``reduced_placeholder``: what Horovod made of the placeholder):
         ``reduce_batch_now`` for one tensor, scaled by the op's factor and shaped like ``array``."""
-        factor = self.op_factor(reduced_placeholder, key)
-        (flat,) = self.reduce_batch_now([key], [array], reduced_placeholder)
+        factor = self.op_factor(reduced_placeholder, key)  # before anything is communicated
+        (flat,) = self.reduce_batch_now([key], [array])
         out = flat * factor if factor != 1 else flat
         return np.asarray(out, dtype=array.dtype).reshape(array.shape)
 
-    def reduce_batch_now(self, keys, arrays, reduced_placeholder):
+    def reduce_batch_now(self, keys, arrays):
         """Reduce host arrays (NumPy, any shape, float) across ranks right now as one batch (one
         step): the per-step entry point of graph front ends. Returns, in ``keys``' order, each
         array's mean over ranks, flat, float32 (float64 for float64 input), on the host, not yet
-        multiplied by the op's factor (``op_factor``). ``reduced_placeholder``: what Horovod
-        made of one of the batch's placeholders; an unsupported op raises before anything is
-        communicated. Every rank must call it with the same keys in the same order (the
-        TensorFlow adapter's ops run in program order)."""
+        multiplied by the op's factor (``op_factor``). Every rank must call it with the same
+        keys in the same order (the TensorFlow adapter's ops run in program order)."""
         from hvdcomp.backend import xp
         from hvdcomp.frontends import numpy as np_adapter
-        self.op_factor(reduced_placeholder, keys[0])
         with self._lock:
             entries = [Entry(k, a, np_adapter) for k, a in zip(keys, arrays)]
             self.engine.process(sorted(entries, key=lambda e: e.key))

@@ -9,18 +9,16 @@ to the compressor's ``reduce_batch_now`` (the shared NumPy backend: no second im
 
 One batch per step (``StepBatch``): the gradients of one ``allreduce_grads`` call (every gradient
 path of Horovod TF: DistributedGradientTape, the legacy and the Keras DistributedOptimizer, with
-or without ``num_groups``/``groups``) are reduced together by one op, built in the first
-gradient's ``decompress``: it takes every gradient of the call as input (captured into that
-gradient's ``tf.cond`` branch), so hvdcomp pays the ring's latency once per step, not once per
-tensor, and the compressor counts one step per training step. Each gradient's own op then only
-takes its result. Direct ``hvd.allreduce(t, name=...)`` calls are reduced one by one.
+or without ``num_groups``/``groups``) are reduced together by one op, built in the gradients' own
+graph when the first of them is decompressed: hvdcomp pays the ring's latency once per step, not
+once per tensor, and the compressor counts one step per training step. Each gradient's own op,
+inside Horovod's ``tf.cond``, takes the batch op's output as an input (so runs after it) and
+returns its result. Direct ``hvd.allreduce(t, name=...)`` calls are reduced one by one.
 
-Ordering: the ops are stateful, and ``tf.function`` runs stateful ops in program order (automatic
-control dependencies; Horovod wraps each allreduce in a ``tf.cond``, which is stateful too), so
-hvdcomp's collectives run in trace order, the same on every rank, and a step's batch op runs
-before its gradients take their results. (No explicit chaining: each op lives in its own
-``tf.cond`` branch graph, where a chain could not link them anyway.) TF1-style sessions (no
-automatic control dependencies) are not supported.
+Ordering: the batch ops and the direct calls' ops are stateful, and ``tf.function`` runs
+stateful ops in program order (automatic control dependencies), so hvdcomp's collectives run in
+trace order, the same on every rank. TF1-style sessions (no automatic control dependencies) are
+not supported.
 
 Naming (``callers()``, ``hvdcomp.frontends.naming``): state is keyed by the variable's name (read
 from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
@@ -35,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from hvdcomp.errors import HvdcompError, UnsupportedTensorError
+from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
 
@@ -202,8 +200,9 @@ def placeholder(tensor, values):
 
 def _batchable(grad):
     """Whether Horovod hands ``grad`` of an ``allreduce_grads`` call to ``compress``, and hvdcomp
-    reduces it: a dense floating tensor (None and IndexedSlices gradients are Horovod's own)."""
-    return isinstance(grad, tf.Tensor) and grad.dtype.is_floating
+    reduces it in the call's batch: a dense floating tensor of a traced function (None and
+    IndexedSlices gradients are Horovod's own)."""
+    return tf.is_symbolic_tensor(grad) and grad.dtype.is_floating
 
 
 def _working(tensor):
@@ -214,12 +213,15 @@ class StepBatch:
     """The gradients of one traced ``allreduce_grads`` call (``GradientsCall``), reduced at
     every step as one batch by one op.
 
-    Built at trace time by the call's first ``compress`` (the leader). ``keys``: the call's
-    gradients that Horovod hands to ``compress`` (``_batchable``), in call order; ``tensors``:
-    key -> gradient (a tensor of the traced function). The leader's ``decompress`` builds the
-    ``reduce`` op (every gradient's value in, ``reduce_batch_now``, results kept in
-    ``results``); every gradient's ``decompress`` builds a ``take`` op that returns its own
-    result (flat, times its op factor)."""
+    ``keys``: the call's gradients that Horovod hands to ``compress`` (``_batchable``), in call
+    order; ``tensors``: key -> gradient (a tensor of the traced function). ``step_op()``: the op
+    that reduces them all (``reduce_batch_now``), built once, in the gradients' own graph, i.e.
+    outside Horovod's per-tensor ``tf.cond`` branches; every gradient's ``decompress`` builds a
+    ``take`` op that has the step op as an input (so it runs after it, by data dependency) and
+    returns the gradient's result, times the op factor its own reduced placeholder shows. The
+    take ops are stateless, so Horovod's tf.cond around each placeholder stays stateless and
+    TensorFlow runs the placeholders' allreduces together, as without hvdcomp (a stateful op in
+    each cond would run them one after another, one Horovod cycle each)."""
 
     def __init__(self, compressor, call):
         self.compressor, self.call = compressor, call
@@ -228,6 +230,7 @@ class StepBatch:
         self.keys = list(self.tensors)
         self.joined = set()  # the keys whose compress() has been traced
         self.results = {}
+        self._step = None
 
     def join(self, key, tensor):
         """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
@@ -236,23 +239,28 @@ class StepBatch:
         self.joined.add(key)
         return True
 
-    def reduce(self, reduced_placeholder, *values):
-        """The op: reduce every gradient of the step (NumPy ``values`` in ``keys`` order)."""
+    def step_op(self):
+        """The batch's reduction op (its output: the number of tensors reduced), built at the
+        first call."""
+        if self._step is None:
+            with self.tensors[self.keys[0]].graph.as_default():
+                values = [_working(self.tensors[k]) for k in self.keys]
+                self._step = tf.numpy_function(self._reduce, values, tf.int64, stateful=True,
+                                               name=f"hvdcomp_{self.compressor.method}_step")
+        return self._step
+
+    def _reduce(self, *values):
         self.results = {}
-        flats = self.compressor.reduce_batch_now(self.keys, values, reduced_placeholder)
+        flats = self.compressor.reduce_batch_now(self.keys, values)
         self.results = dict(zip(self.keys, flats))
         return np.int64(len(flats))
 
-    def take(self, key, reduced_placeholder, *after):
-        """The op of gradient ``key``: its result of this step's ``reduce``, flat, times the op
-        factor its own placeholder shows."""
+    def take(self, key, step, reduced_placeholder):
+        """The op of gradient ``key``: its result of this step's reduction, flat, times the op
+        factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
+        step's reduction)."""
         factor = self.compressor.op_factor(reduced_placeholder, key)
-        flat = self.results.pop(key, None)
-        if flat is None:
-            raise HvdcompError(
-                f"{self.compressor.method}: gradient {key!r} has no result: its step's batch op "
-                "did not run before it (TF1-style sessions, without tf.function's automatic "
-                "control dependencies, are not supported)")
+        flat = self.results.pop(key)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
 
@@ -262,19 +270,20 @@ _TRACING = weakref.WeakKeyDictionary()
 
 class Deferred:
     """The ``ctx`` of a traced tensor: builds its per-step ops in ``decompress`` (a tensor of an
-    ``allreduce_grads`` call: its ``StepBatch``'s; any other tensor: its own reduction)."""
+    ``allreduce_grads`` call: its ``StepBatch``'s take op; any other tensor: its own
+    reduction)."""
     DEFERRED = True
 
     def __init__(self, compressor, identity, tensor):
         self.compressor, self.key, self.tensor = compressor, identity.name, tensor
-        self.batch, self.leader = None, False
+        self.batch = None
         call = identity.call
         if call is not None and _batchable(tensor):
             batch = _TRACING.get(compressor)
             if batch is None or batch.call.grads is not call.grads or identity.name in batch.joined:
                 batch = _TRACING[compressor] = StepBatch(compressor, call)
             if batch.join(identity.name, tensor):
-                self.batch, self.leader = batch, len(batch.joined) == 1
+                self.batch = batch
 
     def build(self, output):
         tensor, key, comp = self.tensor, self.key, self.compressor
@@ -283,18 +292,14 @@ class Deferred:
                 f"{comp.method}: tensor {key!r} has dtype {tensor.dtype.name}; hvdcomp compresses "
                 "floating-point gradients only")
         work = _working(tensor)
-        name = "hvdcomp_" + comp.method
         if self.batch is None:
             def run(value, reduced):
                 return comp.reduce_now(key, value, reduced)
-            out = tf.numpy_function(run, [work, output], work.dtype, stateful=True, name=name)
+            out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
+                                    name="hvdcomp_" + comp.method)
         else:
-            batch, after = self.batch, []
-            if self.leader:
-                values = [_working(batch.tensors[k]) for k in batch.keys]
-                after = [tf.numpy_function(batch.reduce, [output, *values], tf.int64,
-                                           stateful=True, name=name + "_step")]
-            out = tf.numpy_function(functools.partial(batch.take, key), [output, *after],
-                                    work.dtype, stateful=True, name=name)
+            out = tf.numpy_function(functools.partial(self.batch.take, key),
+                                    [self.batch.step_op(), output], work.dtype, stateful=False,
+                                    name=f"hvdcomp_{comp.method}_take")
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)

@@ -1,0 +1,191 @@
+"""Rank script: per-step training time in TensorFlow, per compressor, in one job: the twin of
+``train_step_bench.py`` (PyTorch), same models, same batch, same way of timing.
+
+    benchmarks/cluster.sh run --per-host 2 -- .venv/bin/python benchmarks/tf_step_bench.py \
+        --model mlp48 --api tape --label 1gbit --out train.jsonl
+
+(``benchmarks/tf_vs_torch.sh`` runs the whole comparison.) Models: ``mlp48``, the 25M MLP of 48
+tensors of issue #19 (24 Dense(1024), ReLU between); ``mlp``, the 25M 2-layer MLP (5000 -> 2500
+-> 5000). Per rank a batch of 4 random vectors against random classes: little compute, so the
+step is dominated by the gradient reduction, as in PyTorch's twin.
+
+For every method (Horovod fp32/fp16, every hvdcomp compressor) a fresh model (the same seed on
+every rank) and SGD(1e-4), through the stock Horovod TF API chosen by ``--api``:
+
+- ``tape``: ``hvd.DistributedGradientTape(tape, compression=C)`` inside a ``tf.function`` step;
+  a step is one call of it (its result fetched), after a barrier;
+- ``keras``: ``model.fit`` with ``hvd.keras.DistributedOptimizer(SGD, compression=C)``; a step is
+  one batch, timed by a callback from ``on_train_batch_begin`` (after a barrier) to
+  ``on_train_batch_end``.
+
+``--warmup`` steps (tracing, first touch), then ``--steps`` timed steps (fewer when the first step
+took longer than ``--max-seconds / steps``); a step's time is the slowest rank's. Also measured once:
+the tf.function step without Horovod (``compute``). Rank 0 appends one JSON object per method to
+``--out`` (``kind: "train"``, ``framework: "tensorflow"``), as
+``train_step_bench.py`` does.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from mpi4py import MPI  # noqa: E402  before Horovod: THREAD_MULTIPLE (see DESIGN.md)
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvdk  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hvdcomp import registry  # noqa: E402
+
+ALL_METHODS = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
+BATCH = 4
+MODELS = {"mlp": (5000, [2500, 5000]), "mlp48": (1024, [1024] * 24)}  # input width, layer widths
+
+
+def make_model(name):
+    width, layers = MODELS[name]
+    tf.keras.utils.set_random_seed(0)
+    return tf.keras.Sequential(
+        [tf.keras.layers.Dense(n, activation="relu" if i < len(layers) - 1 else None,
+                               input_shape=(width,) if i == 0 else ())
+         for i, n in enumerate(layers)])
+
+
+def make_compression(method):
+    if method == "hvd-fp32":
+        return hvd.Compression.none
+    if method == "hvd-fp16":
+        return hvd.Compression.fp16
+    return registry.METHODS[method]()
+
+
+def tape_steps(model, comp, x, y, n, comm, on_first):
+    """``n`` timed tf.function steps through DistributedGradientTape (``comp`` None: the plain
+    tape, no Horovod): their slowest-rank seconds."""
+    opt = tf.keras.optimizers.SGD(1e-4)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb))
+        if comp is not None:
+            tape = hvd.DistributedGradientTape(tape, compression=comp)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    times, x, y = [], tf.constant(x), tf.constant(y)
+    for i in range(n):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        step(x, y).numpy()
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        if i == 0:
+            n = on_first(times[0], n)
+        if len(times) >= n:
+            break
+    return times
+
+
+def keras_steps(model, comp, x, y, n, comm, on_first):
+    """``n`` model.fit batches with hvd.keras' DistributedOptimizer: slowest-rank seconds each
+    (``on_first`` cannot shorten a fit already under way: max-seconds bounds it beforehand)."""
+    model.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(1e-4),
+                                                      compression=comp),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    times = []
+
+    class Timer(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            comm.Barrier()
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(comm.allreduce(time.perf_counter() - self.t0, op=MPI.MAX))
+
+    reps = np.concatenate([x] * n), np.concatenate([y] * n)
+    model.fit(*reps, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[Timer()])
+    on_first(times[0], n)
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--model", choices=sorted(MODELS), default="mlp48")
+    ap.add_argument("--api", choices=("tape", "keras"), default="tape")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=60)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    hvd.init()
+    comm = MPI.COMM_WORLD.Dup()
+    rank, size = hvd.rank(), hvd.size()
+    width, layers = MODELS[args.model]
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((BATCH, width)).astype(np.float32)
+    y = rng.integers(0, layers[-1], BATCH).astype(np.int64)
+    probe = make_model(args.model)
+    params = sum(int(np.prod(v.shape)) for v in probe.trainable_variables)
+    tensors = len(probe.trainable_variables)
+    compute = min(tape_steps(probe, None, x, y, 4, comm, lambda first, n: n)[1:])
+    if rank == 0:
+        print(f"# tf step bench ({args.api}): {size} ranks, {params / 1e6:.1f}M parameters in "
+              f"{tensors} tensors, compute (tf.function step, no Horovod) {compute * 1e3:.0f} ms",
+              flush=True)
+
+    out = open(args.out, "a") if (args.out and rank == 0) else None
+    run = tape_steps if args.api == "tape" else keras_steps
+    for method in args.methods.split(","):
+        status, times, sent = "ok", [], []
+        try:
+            comp = make_compression(method)
+            model = make_model(args.model)
+            hvd.broadcast_variables(model.variables, root_rank=0)
+
+            def on_first(first, n):  # fewer steps when the warm-up step is slow
+                return args.warmup + max(1, min(args.steps, int(args.max_seconds // first)))
+            times = run(model, comp, x, y, args.warmup + args.steps, comm, on_first)
+            st = getattr(comp, "last_stats", None)
+            if st is not None:
+                sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)
+        except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
+            status = f"error: {type(exc).__name__}: {exc}"
+        comm.Barrier()
+        rec = {"kind": "train", "framework": "tensorflow", "api": args.api, "model": args.model,
+               "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
+               "status": status, "params": params, "tensors": tensors, "compute_seconds": compute,
+               "steps": max(0, len(times) - args.warmup)}
+        if status == "ok":
+            timed = times[args.warmup:] or times[-1:]
+            rec["seconds"], rec["first_seconds"] = statistics.median(timed), times[0]
+            rec["spread"] = [min(timed), max(timed)]
+            if sent:
+                rec["bytes_per_rank"], rec["bytes_kind"] = sent[0], "measured"
+            else:
+                item = 2 if method == "hvd-fp16" else 4
+                rec["bytes_per_rank"] = 2 * (size - 1) / size * params * item
+                rec["bytes_kind"] = "nominal ring"
+        if rank == 0:
+            print(f"{args.label:>8} tf-{args.api} {method:<13} "
+                  + (f"{rec['seconds'] * 1e3:9.1f} ms/step (first step {times[0] * 1e3:.0f} ms)"
+                     if status == "ok" else status[:200]), flush=True)
+            if out:
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
