@@ -36,9 +36,8 @@ import horovod.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hvdcomp  # noqa: E402,F401
-from hvdcomp import registry  # noqa: E402
 
-ALL_METHODS = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
+from methods import ALL_METHODS, make_compression  # noqa: E402  this script's folder
 
 
 def parse_size(s):
@@ -56,14 +55,6 @@ def link_tx():
             return int(f.read())
     except OSError:
         return None
-
-
-def make_compression(method):
-    if method == "hvd-fp32":
-        return hvd.Compression.none
-    if method == "hvd-fp16":
-        return hvd.Compression.fp16
-    return registry.METHODS[method]()
 
 
 def main():
@@ -97,7 +88,7 @@ def main():
         grad = torch.randn(n, generator=gen, dtype=torch.float32)
         for method in args.methods.split(","):
             try:
-                comp = make_compression(method)
+                comp = make_compression(method, hvd)
             except Exception as exc:  # noqa: BLE001 - an unavailable method is reported, not fatal
                 comp, err = None, f"{type(exc).__name__}: {exc}"
             name = f"{method}.{n}"

@@ -1,6 +1,8 @@
 """Turn the records of ``allreduce_bench.py`` (JSON lines) into a Markdown table, a CSV and a PNG.
 
     python benchmarks/report.py results/bench-XXXX        (reads raw.jsonl and netprobe.jsonl)
+    python benchmarks/report.py --tf-vs-torch results/tf-vs-torch-XXXX   (tf_vs_torch.sh's
+        train.jsonl: writes tf_vs_torch.md and tf_vs_torch.png)
 
 Writes ``table.md``, ``results.csv`` and ``allreduce.png`` in that folder and prints the table.
 Speedups are the Horovod fp32 (and fp16) time at the same link rate and size, from the same run,
@@ -174,7 +176,100 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+JOBS = [("torch", "optimizer", "PyTorch"), ("tensorflow", "tape", "TF tf.function"),
+        ("tensorflow", "keras", "TF Keras fit")]
+
+
+def _jobs(records):
+    """{(label, model, framework, api): {method: record}} of ``tf_vs_torch.sh``'s train.jsonl."""
+    jobs = {}
+    for r in records:
+        key = (r["label"], r.get("model", "transformer"), r.get("framework", "torch"),
+               r.get("api", "optimizer"))
+        jobs.setdefault(key, {})[r["method"]] = r
+    return jobs
+
+
+def _speedups(job, method):
+    """(ms, x vs fp32, x vs fp16) of ``method`` in one job (None where missing)."""
+    r = job.get(method)
+    if r is None or r["status"] != "ok":
+        return None, None, None
+    x = [job[b]["seconds"] / r["seconds"] if job.get(b, {}).get("status") == "ok" else None
+         for b in ("hvd-fp32", "hvd-fp16")]
+    return r["seconds"] * 1e3, x[0], x[1]
+
+
+def tf_vs_torch_markdown(records):
+    """One table per (link, model): every method's step time and speedups in each framework/API,
+    and TensorFlow's step time over PyTorch's."""
+    jobs = _jobs(records)
+    out = ["## TensorFlow beside PyTorch: training step through the stock Horovod APIs "
+           "(tf_vs_torch.sh)", "",
+           "ms: median of the slowest rank's step time; x32 / x16: Horovod fp32's / fp16's step "
+           "time of the same job over the method's (>1: faster); TF/PT: the TF tf.function "
+           "step over the PyTorch step."]
+    for label, model in sorted({(k[0], k[1]) for k in jobs}, key=lambda k: (rate_key(k[0]), k[1])):
+        present = [(fw, api, title) for fw, api, title in JOBS if (label, model, fw, api) in jobs]
+        some = next(iter(jobs[(label, model) + present[0][:2]].values()))
+        computes = ", ".join(
+            f"{title} {next(iter(jobs[(label, model, fw, api)].values())).get('compute_seconds', 0) * 1e3:.0f} ms"
+            for fw, api, title in present[:2])
+        out += ["", f"### {label}, {model}: {some['params'] / 1e6:.1f}M parameters in "
+                    f"{some['tensors']} tensors, {some['ranks']} ranks on {some['hosts']} hosts "
+                    f"(compute alone, no Horovod: {computes})", ""]
+        head = "| method | " + " | ".join(f"{t} ms | x32 | x16" for _, _, t in present)
+        out += [head + " | TF/PT |", "|" + " --- |" * (2 + 3 * len(present))]
+        methods = sorted({m for fw, api, _ in present for m in jobs[(label, model, fw, api)]},
+                         key=lambda m: ORDER.index(m) if m in ORDER else 99)
+        for m in methods:
+            cells, ms = [], {}
+            for fw, api, _ in present:
+                t, x32, x16 = _speedups(jobs[(label, model, fw, api)], m)
+                ms[(fw, api)] = t
+                cells += [f(t, ".0f"), f(x32, ".2f"), f(x16, ".2f")]
+            pt, tf_ = ms.get(("torch", "optimizer")), ms.get(("tensorflow", "tape"))
+            ratio = tf_ / pt if pt and tf_ else None
+            out.append(f"| {m} | " + " | ".join(cells) + f" | {f(ratio, '.2f')} |")
+    return "\n".join(out)
+
+
+def tf_vs_torch_plot(records, path):
+    """Speedup over Horovod fp32 per method, one panel per (link, model), a bar per job."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    jobs = _jobs(records)
+    panels = sorted({(k[0], k[1]) for k in jobs}, key=lambda k: (rate_key(k[0]), k[1]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (label, model) in zip(axes[0], panels):
+        present = [(fw, api, t) for fw, api, t in JOBS if (label, model, fw, api) in jobs]
+        methods = [m for m in ORDER[1:] if any(m in jobs[(label, model, fw, api)]
+                                               for fw, api, _ in present)]
+        width = 0.8 / len(present)
+        for i, (fw, api, title) in enumerate(present):
+            xs = [_speedups(jobs[(label, model, fw, api)], m)[1] or 0 for m in methods]
+            ax.bar([j + i * width for j in range(len(methods))], xs, width, label=title)
+        ax.axhline(1.0, color="k", lw=1)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(methods))])
+        ax.set_xticklabels(methods, rotation=30, fontsize=8)
+        ax.set_title(f"{label}, {model}: speedup over Horovod fp32")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main():
+    if sys.argv[1] == "--tf-vs-torch":
+        folder = sys.argv[2]
+        records = load(os.path.join(folder, "train.jsonl"))
+        md = tf_vs_torch_markdown(records)
+        with open(os.path.join(folder, "tf_vs_torch.md"), "w") as fh:
+            fh.write(md + "\n")
+        tf_vs_torch_plot(records, os.path.join(folder, "tf_vs_torch.png"))
+        print(md)
+        return
     folder = sys.argv[1]
     records = load(os.path.join(folder, "raw.jsonl"))
     probes = {}

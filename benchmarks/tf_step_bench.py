@@ -18,17 +18,15 @@ every rank) and SGD(1e-4), through the stock Horovod TF API chosen by ``--api``:
   one batch, timed by a callback from ``on_train_batch_begin`` (after a barrier) to
   ``on_train_batch_end``.
 
-``--warmup`` steps (tracing, first touch), then ``--steps`` timed steps (fewer when the first step
-took longer than ``--max-seconds / steps``); a step's time is the slowest rank's. Also measured once:
+``--warmup`` steps (tracing, first touch), then ``--steps`` timed steps (tf.function: fewer when
+the last warm-up step took longer than ``--max-seconds / steps``); a step's time is the slowest rank's. Also measured once:
 the tf.function step without Horovod (``compute``). Rank 0 appends one JSON object per method to
 ``--out`` (``kind: "train"``, ``framework: "tensorflow"``), as
 ``train_step_bench.py`` does.
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -40,10 +38,7 @@ from mpi4py import MPI  # noqa: E402  before Horovod: THREAD_MULTIPLE (see DESIG
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hvdcomp import registry  # noqa: E402
-
-ALL_METHODS = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
+from methods import ALL_METHODS, make_compression  # noqa: E402  this script's folder
 BATCH = 4
 MODELS = {"mlp": (5000, [2500, 5000]), "mlp48": (1024, [1024] * 24)}  # input width, layer widths
 
@@ -57,17 +52,10 @@ def make_model(name):
          for i, n in enumerate(layers)])
 
 
-def make_compression(method):
-    if method == "hvd-fp32":
-        return hvd.Compression.none
-    if method == "hvd-fp16":
-        return hvd.Compression.fp16
-    return registry.METHODS[method]()
-
-
-def tape_steps(model, comp, x, y, n, comm, on_first):
-    """``n`` timed tf.function steps through DistributedGradientTape (``comp`` None: the plain
-    tape, no Horovod): their slowest-rank seconds."""
+def tape_steps(model, comp, x, y, warmup, steps, comm, max_seconds=float("inf")):
+    """``warmup`` + ``steps`` tf.function steps through DistributedGradientTape (``comp`` None:
+    the plain tape, no Horovod): their slowest-rank seconds; fewer steps when the last warm-up
+    step took longer than ``max_seconds / steps`` (the first one traces: 10-25 s here)."""
     opt = tf.keras.optimizers.SGD(1e-4)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -82,21 +70,19 @@ def tape_steps(model, comp, x, y, n, comm, on_first):
         return loss
 
     times, x, y = [], tf.constant(x), tf.constant(y)
-    for i in range(n):
+    while len(times) < warmup + steps:
         comm.Barrier()
         t0 = time.perf_counter()
         step(x, y).numpy()
         times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-        if i == 0:
-            n = on_first(times[0], n)
-        if len(times) >= n:
-            break
+        if len(times) == warmup:
+            steps = max(1, min(steps, int(max_seconds // times[-1])))
     return times
 
 
-def keras_steps(model, comp, x, y, n, comm, on_first):
-    """``n`` model.fit batches with hvd.keras' DistributedOptimizer: slowest-rank seconds each
-    (``on_first`` cannot shorten a fit already under way: max-seconds bounds it beforehand)."""
+def keras_steps(model, comp, x, y, warmup, steps, comm, max_seconds=None):
+    """``warmup`` + ``steps`` model.fit batches with hvd.keras' DistributedOptimizer:
+    slowest-rank seconds each (a fit's length is fixed beforehand: no ``max_seconds``)."""
     model.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(1e-4),
                                                       compression=comp),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -110,9 +96,8 @@ def keras_steps(model, comp, x, y, n, comm, on_first):
         def on_train_batch_end(self, batch, logs=None):
             times.append(comm.allreduce(time.perf_counter() - self.t0, op=MPI.MAX))
 
-    reps = np.concatenate([x] * n), np.concatenate([y] * n)
+    reps = np.concatenate([x] * (warmup + steps)), np.concatenate([y] * (warmup + steps))
     model.fit(*reps, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[Timer()])
-    on_first(times[0], n)
     return times
 
 
@@ -138,7 +123,7 @@ def main():
     probe = make_model(args.model)
     params = sum(int(np.prod(v.shape)) for v in probe.trainable_variables)
     tensors = len(probe.trainable_variables)
-    compute = min(tape_steps(probe, None, x, y, 4, comm, lambda first, n: n)[1:])
+    compute = min(tape_steps(probe, None, x, y, 1, 3, comm)[1:])
     if rank == 0:
         print(f"# tf step bench ({args.api}): {size} ranks, {params / 1e6:.1f}M parameters in "
               f"{tensors} tensors, compute (tf.function step, no Horovod) {compute * 1e3:.0f} ms",
@@ -149,13 +134,10 @@ def main():
     for method in args.methods.split(","):
         status, times, sent = "ok", [], []
         try:
-            comp = make_compression(method)
+            comp = make_compression(method, hvd)
             model = make_model(args.model)
             hvd.broadcast_variables(model.variables, root_rank=0)
-
-            def on_first(first, n):  # fewer steps when the warm-up step is slow
-                return args.warmup + max(1, min(args.steps, int(args.max_seconds // first)))
-            times = run(model, comp, x, y, args.warmup + args.steps, comm, on_first)
+            times = run(model, comp, x, y, args.warmup, args.steps, comm, args.max_seconds)
             st = getattr(comp, "last_stats", None)
             if st is not None:
                 sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)

@@ -39,7 +39,7 @@ trap 'exit 130' INT TERM
 job() {  # job RATE SCRIPT ARGS...: one job on the cluster; a failed job is reported, the rest go on
     local rate=$1 script=$2; shift 2
     "$CLUSTER" run --per-host "$PER_HOST" --timeout 1200 -- "$PY" "$HERE/$script" \
-        ${METHODS:+--methods "$METHODS"} --steps "$STEPS" --label "$rate" --out "$OUT/train.jsonl" "$@" \
+        ${METHODS:+--methods "$METHODS"} --warmup 2 --steps "$STEPS" --label "$rate" --out "$OUT/train.jsonl" "$@" \
         || echo "$script $* at $rate failed (see above)"
 }
 for rate in $RATES; do

@@ -34,7 +34,7 @@ from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 import torch
 import horovod.torch as hvd
 
-from allreduce_bench import ALL_METHODS, make_compression  # this script's folder
+from methods import ALL_METHODS, make_compression  # this script's folder
 
 VOCAB, D_MODEL, SEQ, BATCH, WIDTH48 = 5000, 512, 32, 4, 1024
 
@@ -140,7 +140,7 @@ def main():
     for method in args.methods.split(","):
         status, times, sent, first = "ok", [], [], None
         try:
-            comp = make_compression(method)
+            comp = make_compression(method, hvd)
             torch.manual_seed(0)
             model = make_model(args)
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),

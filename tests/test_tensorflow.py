@@ -33,6 +33,9 @@ def test_eager_tf_function_and_keras(method, ranks):
         # one fused reduction per training step, of every gradient (not one per tensor)
         assert r["tape_flushes"] == r["tape_steps"], (r["tape_flushes"], r["tape_steps"])
         assert r["tape_elements"] == r["variable_elements"]
+        # one batch op, a stateless take per gradient, Horovod's 6 conds stateless
+        assert r["tape_ops"] == {"PyFunc": 1, "PyFuncStateless": 6, "hvd:If": 0,
+                                 "hvd:StatelessIf": 6}, r["tape_ops"]
         assert r["keras_flushes"] == r["keras_steps"], (r["keras_flushes"], r["keras_steps"])
         assert r["keras_elements"] == r["keras_variable_elements"]
     accs = {(r["tape_acc"], r["keras_acc"]) for r in res.values()}
@@ -52,3 +55,23 @@ def test_checkpoint_resume_is_bit_identical(method):
         assert r["same"] and r["fresh_differs"] and r["keys"] and r["step"] > 0
         if method.endswith("-adam"):  # Adam's (t, m, v) of every variable, biases included
             assert sum(k.endswith("#adam") for k in r["keys"]) == 4, r["keys"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["Marsit", "TopK"])
+def test_bad_input_in_a_batched_tf_function_step(method):
+    """A step's gradients are one batch: NaN on one rank raises on every rank naming the
+    variable and the rank, state unchanged (on_nonfinite='raise'), or gives NaN/zeros on every
+    rank (the default 'propagate'); a variable shaped differently on one rank raises on every
+    rank naming it."""
+    res = results(run(2, "tf_bad_input.py", method, timeout=240))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        assert r["nan_error"] and "NaN or Inf in gradient 'b:0' on rank 1" in r["nan_error"], \
+            r["nan_error"]
+        assert r["nan_state_kept"] and r["after"]
+        assert r["propagated"] == [True, True, True, 1]
+        assert r["shape_error"] and "'w:0' differs between ranks" in r["shape_error"], \
+            r["shape_error"]
+        assert "rank 0: 4096 elements, shape [64, 64], float32, rank 1: 2048 elements, " \
+               "shape [32, 64], float32" in r["shape_error"], r["shape_error"]

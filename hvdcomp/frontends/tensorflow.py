@@ -258,7 +258,7 @@ class StepBatch:
     def take(self, key, step, reduced_placeholder):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
-        step's reduction)."""
+        step's reduction). ``step``: the batch op's output, the input that orders the two."""
         factor = self.compressor.op_factor(reduced_placeholder, key)
         flat = self.results.pop(key)
         return flat * flat.dtype.type(factor) if factor != 1 else flat

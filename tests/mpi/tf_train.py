@@ -96,6 +96,29 @@ out["tape_steps"], out["tape_identical"] = steps, ok
 out["tape_acc"] = float(np.mean(np.argmax(logits.numpy(), 1) == yte))
 out["tape_keys"] = sorted(comp.state_dict()["state"])
 # One batch per step: hvdcomp's steps are the training steps, each holding every gradient.
+# In the traced step: one stateful hvdcomp op (the batch), one stateless op per gradient, and
+# Horovod's per-gradient tf.cond stays stateless (so its allreduces are not serialised).
+
+
+def op_types(graph, counts):
+    """Op type -> count in ``graph`` and its nested functions; Horovod's conds (a tf.cond whose
+    true branch holds a HorovodAllreduce) counted as 'hvd:If' / 'hvd:StatelessIf'."""
+    for op in graph.get_operations():
+        counts[op.type] = counts.get(op.type, 0) + 1
+        if op.type in ("If", "StatelessIf"):
+            branch = graph._functions.get(op.get_attr("then_branch").name)
+            if any(o.type == "HorovodAllreduce" for o in branch.graph.get_operations()):
+                counts["hvd:" + op.type] = counts.get("hvd:" + op.type, 0) + 1
+    for fn in graph._functions.values():  # cond branches and other nested functions
+        if getattr(fn, "graph", None) is not None:
+            op_types(fn.graph, counts)
+    return counts
+
+
+traced = op_types(train_step.get_concrete_function(
+    tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.bool)).graph, {})
+out["tape_ops"] = {k: traced.get(k, 0)
+                   for k in ("PyFunc", "PyFuncStateless", "hvd:If", "hvd:StatelessIf")}
 out["tape_flushes"], out["tape_elements"] = comp.total_stats.steps, comp.last_stats.elements
 out["variable_elements"] = sum(int(np.prod(v.shape)) for v in variables)
 
