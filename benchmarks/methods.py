@@ -1,6 +1,9 @@
 """The methods every benchmark compares: Horovod's own fp32 and fp16, and every hvdcomp method
-(``hvdcomp/registry.py``), for either framework."""
+(``hvdcomp/registry.py``), for either framework; and what the training-step benchmarks
+(``train_step_bench.py``, ``tf_step_bench.py``) share: their common arguments and records."""
+import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,3 +21,44 @@ def make_compression(method, hvd):
     if method == "hvd-fp16":
         return hvd.Compression.fp16
     return registry.METHODS[method]()
+
+
+def add_step_args(ap):
+    """The arguments every step benchmark takes (besides its model and API)."""
+    ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=60)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default="")
+
+
+def step_record(rec, timed, first, sent):
+    """``rec`` (kind, framework, api, model, label, ranks, hosts, method, status, params,
+    tensors, compute_seconds) completed with the step figures: ``timed`` (the timed steps'
+    slowest-rank seconds), ``first`` (the first step's), ``sent`` (hvdcomp's bytes sent per rank
+    per timed step; empty for Horovod, then the nominal ring volume)."""
+    rec["steps"] = len(timed)
+    if rec["status"] != "ok":
+        return rec
+    rec["seconds"], rec["first_seconds"] = statistics.median(timed), first
+    rec["spread"] = [min(timed), max(timed)]
+    if sent:
+        rec["bytes_per_rank"], rec["bytes_kind"] = statistics.median(sent), "measured"
+    else:
+        item = 2 if rec["method"] == "hvd-fp16" else 4
+        rec["bytes_per_rank"] = 2 * (rec["ranks"] - 1) / rec["ranks"] * rec["params"] * item
+        rec["bytes_kind"] = "nominal ring"
+    return rec
+
+
+def report_step(out, rec, what):
+    """Print ``rec`` as one line (``what``: e.g. 'train', 'tf-tape') and append it to ``out``
+    (an open file, or None)."""
+    status = rec["status"]
+    print(f"{rec['label']:>8} {what} {rec['method']:<13} "
+          + (f"{rec['seconds'] * 1e3:9.1f} ms/step (first step {rec['first_seconds'] * 1e3:.0f} ms)"
+             if status == "ok" else status[:200]), flush=True)
+    if out:
+        out.write(json.dumps(rec) + "\n")
+        out.flush()

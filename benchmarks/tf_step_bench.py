@@ -25,8 +25,6 @@ the tf.function step without Horovod (``compute``). Rank 0 appends one JSON obje
 ``train_step_bench.py`` does.
 """
 import argparse
-import json
-import statistics
 import time
 
 import numpy as np
@@ -38,7 +36,7 @@ from mpi4py import MPI  # noqa: E402  before Horovod: THREAD_MULTIPLE (see DESIG
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from methods import ALL_METHODS, make_compression  # noqa: E402  this script's folder
+from methods import add_step_args, make_compression, report_step, step_record  # noqa: E402
 BATCH = 4
 MODELS = {"mlp": (5000, [2500, 5000]), "mlp48": (1024, [1024] * 24)}  # input width, layer widths
 
@@ -52,7 +50,7 @@ def make_model(name):
          for i, n in enumerate(layers)])
 
 
-def tape_steps(model, comp, x, y, warmup, steps, comm, max_seconds=float("inf")):
+def tape_steps(model, comp, x, y, warmup, steps, comm, max_seconds=None):
     """``warmup`` + ``steps`` tf.function steps through DistributedGradientTape (``comp`` None:
     the plain tape, no Horovod): their slowest-rank seconds; fewer steps when the last warm-up
     step took longer than ``max_seconds / steps`` (the first one traces: 10-25 s here)."""
@@ -75,7 +73,7 @@ def tape_steps(model, comp, x, y, warmup, steps, comm, max_seconds=float("inf"))
         t0 = time.perf_counter()
         step(x, y).numpy()
         times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-        if len(times) == warmup:
+        if len(times) == warmup and max_seconds:
             steps = max(1, min(steps, int(max_seconds // times[-1])))
     return times
 
@@ -103,14 +101,9 @@ def keras_steps(model, comp, x, y, warmup, steps, comm, max_seconds=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--methods", default=",".join(ALL_METHODS))
     ap.add_argument("--model", choices=sorted(MODELS), default="mlp48")
     ap.add_argument("--api", choices=("tape", "keras"), default="tape")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--max-seconds", type=float, default=60)
-    ap.add_argument("--label", default="")
-    ap.add_argument("--out", default="")
+    add_step_args(ap)
     args = ap.parse_args()
 
     hvd.init()
@@ -144,27 +137,13 @@ def main():
         except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
             status = f"error: {type(exc).__name__}: {exc}"
         comm.Barrier()
-        rec = {"kind": "train", "framework": "tensorflow", "api": args.api, "model": args.model,
-               "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
-               "status": status, "params": params, "tensors": tensors, "compute_seconds": compute,
-               "steps": max(0, len(times) - args.warmup)}
-        if status == "ok":
-            timed = times[args.warmup:] or times[-1:]
-            rec["seconds"], rec["first_seconds"] = statistics.median(timed), times[0]
-            rec["spread"] = [min(timed), max(timed)]
-            if sent:
-                rec["bytes_per_rank"], rec["bytes_kind"] = sent[0], "measured"
-            else:
-                item = 2 if method == "hvd-fp16" else 4
-                rec["bytes_per_rank"] = 2 * (size - 1) / size * params * item
-                rec["bytes_kind"] = "nominal ring"
+        rec = step_record(
+            {"kind": "train", "framework": "tensorflow", "api": args.api, "model": args.model,
+             "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
+             "status": status, "params": params, "tensors": tensors, "compute_seconds": compute},
+            times[args.warmup:], times[0] if times else None, sent)
         if rank == 0:
-            print(f"{args.label:>8} tf-{args.api} {method:<13} "
-                  + (f"{rec['seconds'] * 1e3:9.1f} ms/step (first step {times[0] * 1e3:.0f} ms)"
-                     if status == "ok" else status[:200]), flush=True)
-            if out:
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+            report_step(out, rec, f"tf-{args.api}")
     if out:
         out.close()
 

@@ -25,8 +25,6 @@ the forward + backward time alone (``compute``). Rank 0 appends one JSON object 
 hvdcomp's mean bytes sent per rank per step (Horovod: the nominal ring volume).
 """
 import argparse
-import json
-import statistics
 import time
 
 from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
@@ -34,7 +32,7 @@ from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 import torch
 import horovod.torch as hvd
 
-from methods import ALL_METHODS, make_compression  # this script's folder
+from methods import add_step_args, make_compression, report_step, step_record  # this folder
 
 VOCAB, D_MODEL, SEQ, BATCH, WIDTH48 = 5000, 512, 32, 4, 1024
 
@@ -104,14 +102,9 @@ def one_step(model, opt, batch):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--methods", default=",".join(ALL_METHODS))
     ap.add_argument("--model", choices=("transformer", "mlp", "mlp48"), default="transformer")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--max-seconds", type=float, default=60)
-    ap.add_argument("--label", default="")
-    ap.add_argument("--out", default="")
+    add_step_args(ap)
     args = ap.parse_args()
 
     hvd.init()
@@ -166,26 +159,13 @@ def main():
         except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
             status = f"error: {type(exc).__name__}: {exc}"
         comm.Barrier()
-        rec = {"kind": "train", "framework": "torch", "api": "optimizer", "model": args.model,
-               "label": args.label, "ranks": size, "hosts": hvd.cross_size(),
-               "method": method, "status": status, "params": params, "tensors": tensors,
-               "compute_seconds": compute, "steps": len(times)}
-        if status == "ok":
-            rec["seconds"], rec["first_seconds"] = statistics.median(times), first
-            if sent:
-                rec["bytes_per_rank"], rec["bytes_kind"] = statistics.median(sent), "measured"
-            else:
-                item = 2 if method == "hvd-fp16" else 4
-                rec["bytes_per_rank"] = 2 * (size - 1) / size * params * item
-                rec["bytes_kind"] = "nominal ring"
+        rec = step_record(
+            {"kind": "train", "framework": "torch", "api": "optimizer", "model": args.model,
+             "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
+             "status": status, "params": params, "tensors": tensors, "compute_seconds": compute},
+            times, first, sent)
         if rank == 0:
-            print(f"{args.label:>8} train {method:<13} "
-                  + (f"{rec['seconds'] * 1e3:9.1f} ms/step (first step {first * 1e3:.0f} ms)"
-                     if status == "ok" else status[:100]),
-                  flush=True)
-            if out:
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+            report_step(out, rec, "train")
     if out:
         out.close()
 

@@ -33,10 +33,12 @@ import threading
 import numpy as np
 
 from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
+from hvdcomp.backend import xp
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
 from hvdcomp.errors import HvdcompError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
+from hvdcomp.frontends import numpy as np_adapter
 
 log = logging.getLogger("hvdcomp")
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
@@ -194,7 +196,7 @@ class BatchedCompressor:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
             adapter = (pending or done[1]).adapter
             try:
-                factor = self._reduction_factor(adapter.reduced(output), ctx.key)
+                factor = self.op_factor(adapter.reduced(output), ctx.key)
             except UnsupportedOpError:
                 self._abandon_step()
                 self.engine.context()  # a launch without MPI ranks explains it: LaunchError
@@ -206,7 +208,10 @@ class BatchedCompressor:
             flat = flat * factor
         return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)
 
-    def _reduction_factor(self, values, key):
+    def op_factor(self, values, key):
+        """The factor of Horovod's reduction op for tensor ``key`` (1 for Average, the set's size
+        for Sum, times pre/postscale) from its reduced placeholder's ``values`` (the adapter's
+        ``reduced()``; one value: unreduced, 1); ``UnsupportedOpError`` for any other op."""
         ranks = self.engine.ranks or range(world_size())
         return checks.reduction_factor(values, ranks, key, self.method, world_rank())
 
@@ -229,33 +234,20 @@ class BatchedCompressor:
             self.engine.abort_step(entries)
 
     def reduce_now(self, key, array, reduced_placeholder):
-        """Reduce one host array (NumPy) across ranks right now and return the result like
-        ``decompress`` would (``reduced_placeholder``: what Horovod made of the placeholder):
-        ``reduce_batch_now`` for one tensor, scaled by the op's factor and shaped like ``array``."""
-        factor = self.op_factor(reduced_placeholder, key)  # before anything is communicated
+        """``decompress``'s result for one host array reduced now (``reduce_batch_now``), with
+        the op factor of its reduced placeholder (checked before anything is communicated)."""
+        factor = self.op_factor(np_adapter.reduced(reduced_placeholder), key)
         (flat,) = self.reduce_batch_now([key], [array])
-        out = flat * factor if factor != 1 else flat
-        return np.asarray(out, dtype=array.dtype).reshape(array.shape)
+        return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
     def reduce_batch_now(self, keys, arrays):
-        """Reduce host arrays (NumPy, any shape, float) across ranks right now as one batch (one
-        step): the per-step entry point of graph front ends. Returns, in ``keys``' order, each
-        array's mean over ranks, flat, float32 (float64 for float64 input), on the host, not yet
-        multiplied by the op's factor (``op_factor``). Every rank must call it with the same
-        keys in the same order (the TensorFlow adapter's ops run in program order)."""
-        from hvdcomp.backend import xp
-        from hvdcomp.frontends import numpy as np_adapter
+        """Reduce host arrays (NumPy, float) across ranks now as one batch (a step; every rank
+        calls it with the same keys): the graph front ends' entry point. Returns each one's mean
+        over ranks, flat, float32 (float64 input: float64), not multiplied by ``op_factor``."""
         with self._lock:
             entries = [Entry(k, a, np_adapter) for k, a in zip(keys, arrays)]
             self.engine.process(sorted(entries, key=lambda e: e.key))
             return [xp.to_host(self.engine.results.pop(e.ticket)[0]) for e in entries]
-
-    def op_factor(self, reduced_placeholder, key):
-        """The factor of Horovod's reduction op for tensor ``key`` (1 for Average, the set's size
-        for Sum, times pre/postscale) read from its reduced placeholder (a NumPy array; a bare
-        number counts as unreduced: 1); ``UnsupportedOpError`` for other ops."""
-        from hvdcomp.frontends import numpy as np_adapter
-        return self._reduction_factor(np_adapter.reduced(reduced_placeholder), key)
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
+from hvdcomp.frontends import numpy as np_adapter
 from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
 
 DEFERRED = True
@@ -259,7 +260,7 @@ class StepBatch:
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
         step's reduction). ``step``: the batch op's output, the input that orders the two."""
-        factor = self.compressor.op_factor(reduced_placeholder, key)
+        factor = self.compressor.op_factor(np_adapter.reduced(reduced_placeholder), key)
         flat = self.results.pop(key)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
