@@ -75,3 +75,13 @@ def test_bad_input_in_a_batched_tf_function_step(method):
             r["shape_error"]
         assert "rank 0: 4096 elements, shape [64, 64], float32, rank 1: 2048 elements, " \
                "shape [32, 64], float32" in r["shape_error"], r["shape_error"]
+
+
+@pytest.mark.timeout(200)
+def test_process_set_batch_runs_only_on_its_ranks():
+    """DistributedGradientTape(process_set=[0, 1]) on 3 ranks: 0 and 1 reduce (identical,
+    compressed), rank 2 keeps its own gradients and runs no hvdcomp step (nor hangs)."""
+    res = results(run(3, "tf_process_set.py", timeout=150))
+    assert res[0]["grads"] == res[1]["grads"] != res[2]["grads"]
+    assert [res[r]["local"] for r in range(3)] == [False, False, True]
+    assert [res[r]["steps"] for r in range(3)] == [3, 3, 0]

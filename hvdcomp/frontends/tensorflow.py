@@ -26,6 +26,7 @@ direct calls need ``name=``.
 """
 import collections
 import functools
+import os
 import sys
 import weakref
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from hvdcomp import checks
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends import numpy as np_adapter
@@ -206,6 +208,19 @@ def _batchable(grad):
     return tf.is_symbolic_tensor(grad) and grad.dtype.is_floating
 
 
+def _horovod_reduces(process_set):
+    """The predicate of Horovod's ``_allreduce_cond`` around each gradient: this rank is in
+    ``process_set`` (None: the global set), of 2+ ranks; a Python bool, or a boolean tensor with
+    HOROVOD_ELASTIC=1 (where Horovod computes it at run time too)."""
+    import horovod.tensorflow as hvd
+    from horovod.tensorflow.mpi_ops import process_set_included_op, size_op
+    process_set = process_set or hvd.global_process_set
+    if int(os.environ.get("HOROVOD_ELASTIC", 0)):
+        return tf.logical_and(tf.equal(process_set_included_op(process_set.process_set_id), 1),
+                              tf.greater(size_op(process_set.process_set_id), 1))
+    return process_set.included() and process_set.size() > 1
+
+
 def _working(tensor):
     return tf.cast(tensor, tf.float64 if tensor.dtype == tf.float64 else tf.float32)
 
@@ -224,8 +239,11 @@ class StepBatch:
     TensorFlow runs the placeholders' allreduces together, as without hvdcomp (a stateful op in
     each cond would run them one after another, one Horovod cycle each)."""
 
-    def __init__(self, compressor, call):
-        self.compressor, self.call = compressor, call
+    def __init__(self, compressor, call, process_set):
+        # hvdcomp's world communicator is created by every rank together: here, at trace time,
+        # where every rank is (the step op may run on a process set's ranks only).
+        checks.context(compressor.method)
+        self.compressor, self.call, self.process_set = compressor, call, process_set
         names = gradient_names(call.vars)
         self.tensors = {names[i]: g for i, g in enumerate(call.grads) if _batchable(g)}
         self.keys = list(self.tensors)
@@ -242,12 +260,21 @@ class StepBatch:
 
     def step_op(self):
         """The batch's reduction op (its output: the number of tensors reduced), built at the
-        first call."""
+        first call; it runs where Horovod's conds take their allreduce branch (this rank is in
+        the process set, of 2+ ranks), and elsewhere does nothing, as the take ops then do not
+        run either."""
         if self._step is None:
             with self.tensors[self.keys[0]].graph.as_default():
-                values = [_working(self.tensors[k]) for k in self.keys]
-                self._step = tf.numpy_function(self._reduce, values, tf.int64, stateful=True,
-                                               name=f"hvdcomp_{self.compressor.method}_step")
+                def reduce():
+                    values = [_working(self.tensors[k]) for k in self.keys]
+                    return tf.numpy_function(self._reduce, values, tf.int64, stateful=True,
+                                             name=f"hvdcomp_{self.compressor.method}_step")
+
+                def skip():
+                    return tf.constant(0, tf.int64)
+                here = _horovod_reduces(self.process_set)
+                self._step = tf.cond(here, reduce, skip) if tf.is_tensor(here) \
+                    else (reduce() if here else skip())
         return self._step
 
     def _reduce(self, *values):
@@ -282,7 +309,7 @@ class Deferred:
         if call is not None and _batchable(tensor):
             batch = _TRACING.get(compressor)
             if batch is None or batch.call.grads is not call.grads or identity.name in batch.joined:
-                batch = _TRACING[compressor] = StepBatch(compressor, call)
+                batch = _TRACING[compressor] = StepBatch(compressor, call, identity.process_set)
             if batch.join(identity.name, tensor):
                 self.batch = batch
 
