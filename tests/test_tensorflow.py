@@ -78,10 +78,14 @@ def test_bad_input_in_a_batched_tf_function_step(method):
 
 
 @pytest.mark.timeout(200)
-def test_process_set_batch_runs_only_on_its_ranks():
+def test_batch_op_runs_only_where_horovod_reduces():
     """DistributedGradientTape(process_set=[0, 1]) on 3 ranks: 0 and 1 reduce (identical,
-    compressed), rank 2 keeps its own gradients and runs no hvdcomp step (nor hangs)."""
+    compressed), rank 2 keeps its own gradients and runs no hvdcomp step (nor hangs); with
+    backward_passes_per_step=2 hvdcomp steps only on the steps that reduce."""
     res = results(run(3, "tf_process_set.py", timeout=150))
     assert res[0]["grads"] == res[1]["grads"] != res[2]["grads"]
     assert [res[r]["local"] for r in range(3)] == [False, False, True]
     assert [res[r]["steps"] for r in range(3)] == [3, 3, 0]
+    # backward_passes_per_step=2: the batch op runs inside Horovod's aggregation cond
+    assert [res[r]["aggregated_steps"] for r in range(3)] == [2, 2, 2]
+    assert all(res[r]["aggregated_same"] for r in range(3))

@@ -231,8 +231,8 @@ class StepBatch:
 
     ``keys``: the call's gradients that Horovod hands to ``compress`` (``_batchable``), in call
     order; ``tensors``: key -> gradient (a tensor of the traced function). ``step_op()``: the op
-    that reduces them all (``reduce_batch_now``), built once, in the gradients' own graph, i.e.
-    outside Horovod's per-tensor ``tf.cond`` branches; every gradient's ``decompress`` builds a
+    that reduces them all (``reduce_batch_now``), built once, in ``graph``, the graph in which
+    ``allreduce_grads`` runs, i.e. outside Horovod's per-tensor ``tf.cond`` branches; every gradient's ``decompress`` builds a
     ``take`` op that has the step op as an input (so it runs after it, by data dependency) and
     returns the gradient's result, times the op factor its own reduced placeholder shows. The
     take ops are stateless, so Horovod's tf.cond around each placeholder stays stateless and
@@ -244,6 +244,11 @@ class StepBatch:
         # where every rank is (the step op may run on a process set's ranks only).
         checks.context(compressor.method)
         self.compressor, self.call, self.process_set = compressor, call, process_set
+        # compress() is traced inside Horovod's tf.cond around the gradient: the graph around
+        # that cond is where allreduce_grads runs (e.g. inside backward_passes_per_step's
+        # aggregation cond, so the step op runs only on the steps that reduce).
+        branch = tf.compat.v1.get_default_graph()
+        self.graph = getattr(branch, "outer_graph", None) or branch
         names = gradient_names(call.vars)
         self.tensors = {names[i]: g for i, g in enumerate(call.grads) if _batchable(g)}
         self.keys = list(self.tensors)
@@ -264,7 +269,7 @@ class StepBatch:
         the process set, of 2+ ranks), and elsewhere does nothing, as the take ops then do not
         run either."""
         if self._step is None:
-            with self.tensors[self.keys[0]].graph.as_default():
+            with self.graph.as_default():
                 def reduce():
                     values = [_working(self.tensors[k]) for k in self.keys]
                     return tf.numpy_function(self._reduce, values, tf.int64, stateful=True,

@@ -1,8 +1,11 @@
-"""Rank script (3 ranks): DistributedGradientTape(process_set=[0, 1]) in a tf.function with a
-hvdcomp compressor: ranks 0 and 1 reduce their step's batch together; rank 2, outside the set,
-gets its own gradients back from Horovod's tf.cond and runs none of hvdcomp's ops (no hang, no
-compressor step). Reports per rank: grads (a digest of the 3 steps' gradients), local (whether
-they equal this rank's own gradients), steps (the compressor's step count)."""
+"""Rank script (3 ranks): where a step's batch op runs. DistributedGradientTape(process_set=[0, 1])
+in a tf.function with a hvdcomp compressor: ranks 0 and 1 reduce their step's batch together;
+rank 2, outside the set, gets its own gradients back from Horovod's tf.cond and runs none of
+hvdcomp's ops (no hang, no compressor step). Reports per rank: grads (a digest of the 3 steps'
+gradients), local (whether they equal this rank's own gradients), steps (the compressor's step
+count). Then DistributedOptimizer(backward_passes_per_step=2) over every rank, 4 steps:
+aggregated_steps (the compressor's steps: 2, only the steps that reduce) and aggregated_same
+(the variables identical across ranks)."""
 import hashlib
 
 import numpy as np
@@ -44,4 +47,23 @@ for step in range(3):
     for g, o in zip(grads, own):
         digest.update(g.numpy().tobytes())
         local &= bool(np.array_equal(g.numpy(), o.numpy()))
-report(rank=rank, grads=digest.hexdigest(), local=local, steps=comp.engine.step)
+out = {"grads": digest.hexdigest(), "local": local, "steps": comp.engine.step}
+
+# backward_passes_per_step=2: Horovod reduces inside its aggregation cond every 2nd step.
+comp2 = hvdcomp.Marsit()
+opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), compression=comp2,
+                               backward_passes_per_step=2)
+
+
+@tf.function
+def train(x):
+    opt.minimize(lambda: loss_of(x), variables)
+
+
+for step in range(4):
+    train(tf.random.stateless_normal([64, 64], seed=[rank, 10 + step]))
+out["aggregated_steps"] = comp2.engine.step
+from mpi4py import MPI  # noqa: E402
+out["aggregated_same"] = len(set(MPI.COMM_WORLD.allgather(
+    b"".join(v.numpy().tobytes() for v in variables)))) == 1
+report(rank=rank, **out)
