@@ -212,9 +212,9 @@ def tf_vs_torch_markdown(records):
     for label, model in sorted({(k[0], k[1]) for k in jobs}, key=lambda k: (rate_key(k[0]), k[1])):
         present = [(fw, api, title) for fw, api, title in JOBS if (label, model, fw, api) in jobs]
         some = next(iter(jobs[(label, model) + present[0][:2]].values()))
-        computes = ", ".join(
-            f"{title} {next(iter(jobs[(label, model, fw, api)].values())).get('compute_seconds', 0) * 1e3:.0f} ms"
-            for fw, api, title in present[:2])
+        compute = {title: next(iter(jobs[(label, model, fw, api)].values()))["compute_seconds"]
+                   for fw, api, title in present[:2]}
+        computes = ", ".join(f"{title} {s * 1e3:.0f} ms" for title, s in compute.items())
         out += ["", f"### {label}, {model}: {some['params'] / 1e6:.1f}M parameters in "
                     f"{some['tensors']} tensors, {some['ranks']} ranks on {some['hosts']} hosts "
                     f"(compute alone, no Horovod: {computes})", ""]

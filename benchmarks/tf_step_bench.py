@@ -19,9 +19,9 @@ every rank) and SGD(1e-4), through the stock Horovod TF API chosen by ``--api``:
   ``on_train_batch_end``.
 
 ``--warmup`` steps (tracing, first touch), then ``--steps`` timed steps (tf.function: fewer when
-the last warm-up step took longer than ``--max-seconds / steps``); a step's time is the slowest rank's. Also measured once:
-the tf.function step without Horovod (``compute``). Rank 0 appends one JSON object per method to
-``--out`` (``kind: "train"``, ``framework: "tensorflow"``), as
+the last warm-up step took longer than ``--max-seconds / steps``); a step's time is the slowest
+rank's. Also measured once: the tf.function step without Horovod (``compute``). Rank 0 appends
+one JSON object per method to ``--out`` (``kind: "train"``, ``framework: "tensorflow"``), as
 ``train_step_bench.py`` does.
 """
 import argparse

@@ -68,7 +68,9 @@ class MLP48(torch.nn.Module):
         super().__init__()
         mods = []
         for i in range(layers):
-            mods += [torch.nn.Linear(WIDTH48, WIDTH48)] + ([torch.nn.ReLU()] if i < layers - 1 else [])
+            mods.append(torch.nn.Linear(WIDTH48, WIDTH48))
+            if i < layers - 1:
+                mods.append(torch.nn.ReLU())
         self.body = torch.nn.Sequential(*mods)
 
     def forward(self, x):

@@ -232,9 +232,10 @@ class StepBatch:
     ``keys``: the call's gradients that Horovod hands to ``compress`` (``_batchable``), in call
     order; ``tensors``: key -> gradient (a tensor of the traced function). ``step_op()``: the op
     that reduces them all (``reduce_batch_now``), built once, in ``graph``, the graph in which
-    ``allreduce_grads`` runs, i.e. outside Horovod's per-tensor ``tf.cond`` branches; every gradient's ``decompress`` builds a
-    ``take`` op that has the step op as an input (so it runs after it, by data dependency) and
-    returns the gradient's result, times the op factor its own reduced placeholder shows. The
+    ``allreduce_grads`` runs, i.e. outside Horovod's per-tensor ``tf.cond`` branches; every
+    gradient's ``decompress`` builds a ``take`` op that has the step op as an input (so it runs
+    after it, by data dependency) and returns the gradient's result, times the op factor its own
+    reduced placeholder shows. The
     take ops are stateless, so Horovod's tf.cond around each placeholder stays stateless and
     TensorFlow runs the placeholders' allreduces together, as without hvdcomp (a stateful op in
     each cond would run them one after another, one Horovod cycle each)."""

@@ -115,8 +115,8 @@ def op_types(graph, counts):
     return counts
 
 
-traced = op_types(train_step.get_concrete_function(
-    tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.bool)).graph, {})
+specs = tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.bool)
+traced = op_types(train_step.get_concrete_function(*specs).graph, {})
 out["tape_ops"] = {k: traced.get(k, 0)
                    for k in ("PyFunc", "PyFuncStateless", "hvd:If", "hvd:StatelessIf")}
 out["tape_flushes"], out["tape_elements"] = comp.total_stats.steps, comp.last_stats.elements
