@@ -32,18 +32,29 @@ from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.protocol import BatchedCompressor
 
 
-def vote_total(rows, d):
-    """``V``: the sum over ranks of the +-1 votes packed in ``rows`` (uint8, one row per rank)."""
-    total = np.zeros(d, dtype=np.int32)
+def vote_total(rows, d, like=None):
+    """``V``: the sum over ranks of the +-1 votes packed in ``rows`` (host uint8, one row per
+    rank), int32; counted on ``like``'s device when ``like`` is a device tensor (the packed rows
+    travel there, an eighth of the votes' bytes), else on the host."""
+    if xp.is_torch(like) and not like.is_cpu:
+        import torch
+        rows = xp.from_host(rows, like)
+        total = torch.zeros(d, dtype=torch.int32, device=like.device)
+    else:
+        total = np.zeros(d, dtype=np.int32)
     for row in rows:
         total += unpack_signs(row, d, "int8")
     return total
 
 
 def majority_step(total, scale):
-    """``scale * sign(total)`` as float32 (0 where the vote ties)."""
-    step = np.sign(total).astype(np.float32)
-    step *= np.float32(scale)
+    """``scale * sign(total)`` as float32 (0 where the vote ties), of ``total``'s kind."""
+    if xp.is_torch(total):
+        import torch
+        step = total.sign().to(torch.float32)
+    else:
+        step = np.sign(total).astype(np.float32)
+    step *= float(np.float32(scale))
     return step
 
 
@@ -103,8 +114,8 @@ class EFSignSGD(BatchedCompressor):
                     out.append(decode_fused(batch, e, rows, off, scale))
                     off += nbytes
                     continue
-                total = vote_total(rows[:, off:off + nbytes], e.numel)
-                out.append(xp.from_host(majority_step(total, scale), p))
+                total = vote_total(rows[:, off:off + nbytes], e.numel, like=p)
+                out.append(majority_step(total, scale))
                 feedback.keep(batch, e, own_error(p, e.own_scale, e.owned,
                                                   batch.store.scratch(e.key, p)))
                 off += nbytes

@@ -33,7 +33,6 @@ import threading
 import numpy as np
 
 from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
-from hvdcomp.backend import xp
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
 from hvdcomp.errors import HvdcompError, UnsupportedOpError
@@ -241,13 +240,14 @@ class BatchedCompressor:
         return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
     def reduce_batch_now(self, keys, arrays):
-        """Reduce host arrays (NumPy, float) across ranks now as one batch (a step; every rank
-        calls it with the same keys): the graph front ends' entry point. Returns each one's mean
-        over ranks, flat, float32 (float64 input: float64), not multiplied by ``op_factor``."""
+        """Reduce arrays (NumPy, or torch tensors on any device) across ranks now as one batch (a
+        step; every rank calls it with the same keys): the graph front ends' entry point. Returns
+        each one's mean over ranks, flat, float32 (float64 input: float64), not multiplied by
+        ``op_factor``: a NumPy array for host data, a tensor on its device for a device tensor."""
         with self._lock:
-            entries = [Entry(k, a, np_adapter) for k, a in zip(keys, arrays)]
+            entries = [Entry(k, a, adapter_for(a)) for k, a in zip(keys, arrays)]
             self.engine.process(sorted(entries, key=lambda e: e.key))
-            return [xp.to_host(self.engine.results.pop(e.ticket)[0]) for e in entries]
+            return [self.engine.results.pop(e.ticket)[0] for e in entries]
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance

@@ -225,3 +225,24 @@ def test_compressor_conserves_mass_and_resumes(ranks):
     if ranks == 4:
         sent = {k: max(r["sent_bytes"][k] for r in res.values()) for k in res[0]["sent_bytes"]}
         assert sent["tree-bi"] < sent["allgather-bi"], sent
+
+
+def test_won_and_keep_topk_match_numpys_set_functions():
+    """``won`` (a sorted search) is ``np.isin``; ``keep_topk``'s union of the strictly larger
+    and the tied positions is ``np.union1d``'s (both are sorted merges of disjoint sets)."""
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 50, 5000):
+        sent = np.unique(rng.integers(0, 10 * n + 1, n)).astype(np.int64)
+        winners = np.unique(np.concatenate([rng.choice(sent, sent.size // 2) if sent.size
+                                            else sent, rng.integers(0, 10 * n + 1, n)]))
+        assert np.array_equal(alg.won(sent, winners.astype(np.int64)),
+                              np.isin(sent, winners, assume_unique=True))
+    idx = np.arange(0, 3000, 3, dtype=np.int64)
+    val = np.round(rng.standard_normal(idx.size), 1).astype(np.float32)  # many ties
+    kept_idx, kept_val = alg.keep_topk(idx, val, np.array([0, 1500, 3000]), [100, 40])
+    for lo, hi, k in ((0, 1500, 100), (1500, 3000, 40)):
+        part = (idx >= lo) & (idx < hi)
+        mag, where = np.abs(val[part]), np.flatnonzero(part)
+        order = np.lexsort((where, -mag))[:k]  # largest first, ties by smaller index
+        got = kept_idx[(kept_idx >= lo) & (kept_idx < hi)]
+        assert got.size == k and np.array_equal(got, np.sort(idx[where[order]]))

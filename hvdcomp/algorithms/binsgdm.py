@@ -66,6 +66,11 @@ def node_votes_total(bits, node_size, dtype):
 
 
 def mean_vote(total, size, like=None):
-    """``total / size`` as float32 (the decompressed mean vote in [-1, 1]); like ``like``."""
+    """``total / size`` as float32 (the decompressed mean vote in [-1, 1]); like ``like``. For a
+    device ``like`` the integer totals travel (a quarter of the result's bytes or less) and the
+    division runs there, giving the host's numbers."""
+    if is_torch(like) and not like.is_cpu:
+        import torch
+        return (from_host(total, like).to(torch.float64) / size).to(torch.float32)
     out = (np.asarray(total, dtype=np.float64) / size).astype(np.float32)
     return from_host(out, like) if like is not None else out
