@@ -74,19 +74,20 @@ class SketchFusion(BatchedCompressor):
 
     def reduce(self, batch, scalars):
         ctx, entries = batch.ctx, batch.entries
+        device = getattr(entries[0].compensated, "device", None)  # a tensor's stays there
         with batch.phase("encode"):
-            fused = xp.to_host(xp.concat([e.compensated for e in entries],
-                                         like=entries[0].compensated))
+            fused = xp.concat([e.compensated for e in entries], like=entries[0].compensated)
             k, rows, cols = self.shape_for(fused.shape[0])
             h = hashes(fused.shape[0], rows, cols, self.seed)
-            table = alg.encode(fused, h)
+            table = xp.to_host(alg.encode(fused, h))
         with batch.phase("comm"):
             ring_allreduce(ctx, table)
         with batch.phase("decode"):
-            idx, sums = alg.select(table, h, k)
+            idx, sums = alg.select(table, h, k, device)
         if self.exact:
             with batch.phase("comm"):
-                sums = ring_allreduce(ctx, np.ascontiguousarray(fused[idx], dtype=np.float32))
+                sums = ring_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
+                                                                dtype=np.float32))
         out, off = [], 0
         with batch.phase("decode"):
             applied, memory = alg.apply(fused, idx, sums, ctx.size, self.exact)

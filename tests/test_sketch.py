@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import hvdcomp
 from hvdcomp import fusion
@@ -232,3 +233,19 @@ def test_median_rows_matches_numpy_median(rows):
         est[:, :7] = 1.5  # ties
         est[: rows // 2, 7:20] = -2.0
         assert np.array_equal(median_rows(est.copy()), np.median(est, axis=0).astype(dtype))
+
+
+@pytest.mark.parametrize("n,cols,rows", [(50_000, 2000, 5), (12_345, 700, 3), (999, 1000, 4),
+                                         (70_001, 300, 11)])
+def test_device_path_on_cpu_tensors_matches_the_host(monkeypatch, n, cols, rows):
+    """The device code (``_device_sketch`` / ``_device_unsketch``, which run on CUDA tensors) on
+    CPU tensors, blocks of a few chunks: the host's table up to float rounding, the host's
+    estimates exactly."""
+    monkeypatch.setattr(cs, "DEVICE_BLOCK", 3 * cols)
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    h = cs.hashes(n, rows, cols, seed=2)
+    table = cs.sketch(x, h)
+    dev = cs._device_sketch(torch.from_numpy(x), h).numpy()
+    assert np.abs(dev - table).max() <= 1e-5 * np.abs(table).max()
+    got, want = cs._device_unsketch(table, h, "cpu").numpy(), cs.unsketch(table, h)
+    assert np.allclose(got, want, rtol=0, atol=1e-6) if rows > 9 else np.array_equal(got, want)

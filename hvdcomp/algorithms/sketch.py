@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from hvdcomp.backend import sketch as cs
+from hvdcomp.backend.xp import _torch, is_torch
 
 
 def target_count(n, ratio):
@@ -48,21 +49,30 @@ def accumulate(grad, memory):
 
 
 def encode(a, h):
-    """This rank's message: the float32 r x c sketch of ``a`` (NumPy, flattened, contiguous)."""
+    """This rank's message: the float32 r x c sketch of ``a`` (NumPy or a device tensor, 1-D),
+    flattened, contiguous, of ``a``'s kind."""
     return cs.sketch(a, h).reshape(-1)
 
 
-def select(table, h, k):
-    """``(indices, estimates)`` of the k heavy hitters of the summed table (ascending int64)."""
-    return cs.heavy_hitters(table, h, k)
+def select(table, h, k, device=None):
+    """``(indices, estimates)`` of the k heavy hitters of the summed table (host float32):
+    ascending int64, NumPy, or tensors on ``device`` when that is a device."""
+    return cs.heavy_hitters(table, h, k, device)
 
 
 def apply(a, indices, sums, size, exact=True):
-    """``(applied, memory)`` (float32 NumPy, length n) from this rank's ``a`` (NumPy), the
-    selected ``indices`` and the summed values there (exact sums or estimates)."""
-    applied = np.zeros(a.shape[0], dtype=np.float32)
-    applied[indices] = np.asarray(sums, dtype=np.float32) / np.float32(size)
-    memory = np.array(a, dtype=np.float32, copy=True)
+    """``(applied, memory)`` (float32, length n, of ``a``'s kind and device) from this rank's
+    ``a``, the selected ``indices`` (of ``a``'s kind) and the summed values there (exact sums or
+    estimates; host or ``a``'s kind)."""
+    if is_torch(a):
+        torch = _torch()
+        applied = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
+        applied[indices] = torch.as_tensor(sums, device=a.device).to(torch.float32) / size
+        memory = a.to(torch.float32, copy=True)
+    else:
+        applied = np.zeros(a.shape[0], dtype=np.float32)
+        applied[indices] = np.asarray(sums, dtype=np.float32) / np.float32(size)
+        memory = np.array(a, dtype=np.float32, copy=True)
     if exact:
         memory[indices] = 0
     else:

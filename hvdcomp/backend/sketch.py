@@ -1,4 +1,5 @@
-"""Count-Sketch of 1-D float vectors (NumPy; CPU torch tensors via ``.numpy()``).
+"""Count-Sketch of 1-D float vectors (NumPy; CPU torch tensors via ``.numpy()``; CUDA tensors
+on their device).
 
 A sketch of a vector ``x`` of length n is an ``r x c`` float32 table. Row j has a bucket hash
 ``h_j: [0, n) -> [0, c)`` and a sign hash ``s_j: [0, n) -> {-1, +1}``, and
@@ -25,14 +26,22 @@ A sketch of a vector ``x`` of length n is an ``r x c`` float32 table. Row j has 
   magnitude (ascending int64) and their estimates. Both are deterministic functions of the
   table, so ranks holding the same table get bit-identical results. Unsketching works in blocks
   of ``BLOCK`` positions (``r * BLOCK * 4`` bytes of temporaries, sized to stay in cache).
+- Device tensors (``sketch(x)`` of a CUDA ``x``, ``unsketch``/``heavy_hitters`` with
+  ``device=``) run on the device, a block of chunks at a time (``DEVICE_BLOCK`` positions): a
+  chunk's slice of the table is a gather of the chunk rotated by its offset. The device sums a
+  bucket's chunks in its own (fixed) order, so its table can differ from the host's in the last
+  bits; the same input gives the same table on every run and rank. The estimates are the
+  host's for the same table (a median only selects).
 """
 import numpy as np
 
 from hvdcomp.backend.topk import topk_exact
+from hvdcomp.backend.xp import _torch, is_torch
 
 CACHE_SIZE = 8
 BLOCK = 1 << 17
 TABLE_BLOCK = 1 << 18
+DEVICE_BLOCK = 1 << 22
 _cache = {}
 
 
@@ -108,6 +117,8 @@ def sketch(x, h):
     from every chunk the slice that lands there, so the block being summed stays in cache while
     ``x`` streams past once per row. The additions into each bucket happen in chunk order, so
     the result does not depend on the blocking."""
+    if is_torch(x) and not x.is_cpu and x.ndim == 1 and x.shape[0] == h.n:
+        return _device_sketch(x, h)
     x = _host(x)
     if x.ndim != 1 or x.shape[0] != h.n:
         raise ValueError(f"sketch of shape {x.shape} with hashes for n={h.n}")
@@ -135,9 +146,59 @@ def merge(*tables):
     return out
 
 
-def unsketch(table, h, index=None):
+def _device_chunks(h, device):
+    """(offsets, signs, column numbers) of ``h`` on ``device``, for the device paths."""
+    torch = _torch()
+    return (torch.as_tensor(h.offsets, device=device),
+            torch.as_tensor(h.chunk_signs, device=device).to(torch.float32),
+            torch.arange(h.cols, device=device))
+
+
+def _chunk_blocks(h):
+    """``[q0, q1)`` ranges of chunks of about ``DEVICE_BLOCK`` positions, in order."""
+    step = max(1, DEVICE_BLOCK // h.cols)
+    return [(q0, min(h.chunks, q0 + step)) for q0 in range(0, h.chunks, step)]
+
+
+def _device_sketch(x, h):
+    """``sketch`` of a device tensor, on its device: bucket b of row j sums, over chunks q,
+    ``sigma[j, q] * chunk_q[(b - o[j, q]) mod c]`` (zeros past n), block by block."""
+    torch = _torch()
+    c = h.cols
+    x = x.to(torch.float32)
+    padded = torch.nn.functional.pad(x, (0, h.chunks * c - h.n)).reshape(h.chunks, c)
+    offsets, signs, cols = _device_chunks(h, x.device)
+    table = torch.zeros(h.rows, c, dtype=torch.float32, device=x.device)
+    for q0, q1 in _chunk_blocks(h):
+        for j in range(h.rows):
+            pos = (cols[None, :] - offsets[j, q0:q1, None]) % c
+            table[j] += (padded[q0:q1].gather(1, pos) * signs[j, q0:q1, None]).sum(0)
+    return table
+
+
+def _device_unsketch(table, h, device):
+    """``unsketch(table, h)`` at every position, on ``device`` (a float32 tensor)."""
+    torch = _torch()
+    c = h.cols
+    table = torch.as_tensor(np.asarray(table, dtype=np.float32).reshape(h.rows, c),
+                            device=device)
+    offsets, signs, cols = _device_chunks(h, device)
+    out = torch.empty(h.chunks * c, dtype=torch.float32, device=device)
+    for q0, q1 in _chunk_blocks(h):
+        est = torch.empty(h.rows, (q1 - q0) * c, dtype=torch.float32, device=device)
+        for j in range(h.rows):
+            buckets = (cols[None, :] + offsets[j, q0:q1, None]) % c
+            est[j] = (table[j][buckets] * signs[j, q0:q1, None]).reshape(-1)
+        out[q0 * c:q1 * c] = median_rows(est)
+    return out[:h.n]
+
+
+def unsketch(table, h, index=None, device=None):
     """Estimates (float32) of the sketched vector at ``index`` (int array) or at every position:
-    the median over rows of ``sign * table[row, bucket]``."""
+    the median over rows of ``sign * table[row, bucket]``. ``device`` (a torch device, not
+    'cpu'; every position only): computed there, returned as a tensor there."""
+    if device is not None and index is None and str(device) != "cpu":
+        return _device_unsketch(table, h, device)
     table = np.asarray(table, dtype=np.float32).reshape(h.rows, h.cols)
     if index is not None:
         index = np.asarray(index, dtype=np.int64)
@@ -162,52 +223,66 @@ def unsketch(table, h, index=None):
 NETWORK_MAX_ROWS = 9
 
 
+def _ops(x):
+    """(minimum, maximum, empty_like, copy) for ``x``'s kind (NumPy or torch)."""
+    if is_torch(x):
+        torch = _torch()
+        return torch.minimum, torch.maximum, torch.empty_like, torch.clone
+    return np.minimum, np.maximum, np.empty_like, np.copy
+
+
 def _median3(x, y, z, t):
     """Element-wise median of three rows into ``x`` (``y`` and ``t`` are clobbered):
     ``max(min(x, y), min(max(x, y), z))``."""
-    np.minimum(x, y, out=t)
-    np.maximum(x, y, out=x)
-    np.minimum(x, z, out=x)
-    np.maximum(x, t, out=x)
+    minimum, maximum, _, _ = _ops(x)
+    minimum(x, y, out=t)
+    maximum(x, y, out=x)
+    minimum(x, z, out=x)
+    maximum(x, t, out=x)
     return x
 
 
 def median_rows(est):
-    """The median over axis 0 of an (r, m) float array, like ``np.median(est, axis=0)`` (for
-    even r the mean of the two middle values); ``est`` is overwritten. r = 3 and r = 5 use
-    selection formulas (4 and 10 element-wise min/max passes; median of 5 is
-    ``median3(e, max(min(a, b), min(c, d)), min(max(a, b), max(c, d)))``); other r <=
-    NETWORK_MAX_ROWS sort the rows with an odd-even transposition network of whole-row
-    compare-exchanges (r(r-1)/2 of them); larger r fall back to ``np.median``."""
+    """The median over axis 0 of an (r, m) float array (NumPy, or a torch tensor on any device),
+    like ``np.median(est, axis=0)`` (for even r the mean of the two middle values); ``est`` is
+    overwritten. r = 3 and r = 5 use selection formulas (4 and 10 element-wise min/max passes;
+    median of 5 is ``median3(e, max(min(a, b), min(c, d)), min(max(a, b), max(c, d)))``); other
+    r <= NETWORK_MAX_ROWS sort the rows with an odd-even transposition network of whole-row
+    compare-exchanges (r(r-1)/2 of them); larger r fall back to ``np.median`` (torch: a sort)."""
+    minimum, maximum, empty_like, copy = _ops(est)
     r = est.shape[0]
     if r == 1:
-        return est[0].copy()
+        return copy(est[0])
     if r == 3:
-        return _median3(est[0], est[1], est[2], np.empty_like(est[0])).copy()
+        return copy(_median3(est[0], est[1], est[2], empty_like(est[0])))
     if r == 5:
         a, b, c, d, e = est
-        t = np.empty_like(a)
-        np.minimum(a, b, out=t)
-        np.maximum(a, b, out=b)        # b = max(a, b)
-        np.minimum(c, d, out=a)        # a = min(c, d)
-        np.maximum(c, d, out=d)        # d = max(c, d)
-        np.maximum(t, a, out=a)        # a = max(min(a, b), min(c, d))
-        np.minimum(b, d, out=b)        # b = min(max(a, b), max(c, d))
-        return _median3(e, a, b, t).copy()
+        t = empty_like(a)
+        minimum(a, b, out=t)
+        maximum(a, b, out=b)        # b = max(a, b)
+        minimum(c, d, out=a)        # a = min(c, d)
+        maximum(c, d, out=d)        # d = max(c, d)
+        maximum(t, a, out=a)        # a = max(min(a, b), min(c, d))
+        minimum(b, d, out=b)        # b = min(max(a, b), max(c, d))
+        return copy(_median3(e, a, b, t))
     if r > NETWORK_MAX_ROWS:
-        return np.median(est, axis=0)
-    tmp = np.empty_like(est[0])
-    for rnd in range(r):
-        for i in range(rnd % 2, r - 1, 2):
-            np.minimum(est[i], est[i + 1], out=tmp)
-            np.maximum(est[i], est[i + 1], out=est[i + 1])
-            est[i] = tmp
+        if not is_torch(est):
+            return np.median(est, axis=0)
+        est = est.sort(dim=0).values
+    else:
+        tmp = empty_like(est[0])
+        for rnd in range(r):
+            for i in range(rnd % 2, r - 1, 2):
+                minimum(est[i], est[i + 1], out=tmp)
+                maximum(est[i], est[i + 1], out=est[i + 1])
+                est[i] = tmp
     if r % 2:
-        return est[r // 2].copy()
+        return copy(est[r // 2])
     return (est[r // 2 - 1] + est[r // 2]) / 2
 
 
-def heavy_hitters(table, h, k):
+def heavy_hitters(table, h, k, device=None):
     """``(indices, estimates)``: the k positions (ascending int64) of largest estimated
-    magnitude, and their estimates (float32). 1 <= k <= n."""
-    return topk_exact(unsketch(table, h), k)
+    magnitude, and their estimates (float32). 1 <= k <= n. ``device``: as for ``unsketch``
+    (then both are tensors there)."""
+    return topk_exact(unsketch(table, h, device=device), k)

@@ -39,8 +39,11 @@ def to_host(x):
 
 
 def from_host(a, like):
-    """``a`` (NumPy) as the same kind of array as ``like``, on ``like``'s device."""
+    """``a`` (NumPy, or a tensor already) as the same kind of array as ``like``, on ``like``'s
+    device (no copy where it is there already)."""
     if is_torch(like):
+        if is_torch(a):
+            return a.to(like.device)
         torch = _torch()
         return torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
     return a
