@@ -32,11 +32,12 @@ uninterrupted one bit for bit.
 """
 import numpy as np
 
-from hvdcomp import validate
+from hvdcomp import kernels, validate
 from hvdcomp.algorithms import binsgdm as alg
 from hvdcomp.algorithms import moment_constants
-from hvdcomp.backend import pack_signs, unpack_signs
+from hvdcomp.backend import pack_signs, stochastic, unpack_signs
 from hvdcomp.backend import xp
+from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm.hierarchy import Hierarchy, small_int_dtype
 from hvdcomp.protocol import BatchedCompressor
 
@@ -77,6 +78,7 @@ class BinSGDM(BatchedCompressor):
         self.uneven = validate.choice("uneven", uneven, ("flat", "error"))
         self._hierarchy = None
         self.last_legs = None
+        kernels.warm("votes")
 
     def settings(self):
         return {"betas": list(self.betas), "eps": self.eps, "ranks_per_node": self.ranks_per_node,
@@ -90,28 +92,22 @@ class BinSGDM(BatchedCompressor):
         return self._hierarchy
 
     def prepare(self, batch):
-        for e in batch.entries:
-            e.moments = alg.update_moments(e.work, batch.store.get(e.key, like=e.work),
-                                           *self.betas)
         return np.zeros((len(batch.entries), 0))
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.hierarchy()
+        path = FusedPath if kernels.active(*(e.work for e in batch.entries)) else ReferencePath
         with batch.phase("encode"):
-            like = batch.entries[0].moments[0]
-            u = xp.concat([alg.direction(m, v, self.eps) for m, v in
-                           (e.moments for e in batch.entries)], like=like)
-            votes = xp.to_host(alg.binarise(u, batch.key(self.seed, batch.step, ctx.rank,
-                                                         alg.VOTE)))
+            votes = path.votes(batch, self.betas, self.eps,
+                               batch.key(self.seed, batch.step, ctx.rank, alg.VOTE))
             votes = votes.astype(small_int_dtype(hier.local_size), copy=False)
 
         def encode(node_sum, shard):
             key = batch.key(self.seed, batch.step, ctx.rank, alg.REBINARISE)
-            return pack_signs(alg.rebinarise(node_sum, shard.node_size, key))
+            return path.rebinarised(node_sum, shard.node_size, key)
 
         def combine(messages, shard):
-            bits = [unpack_signs(row, shard.size, "int8") for row in messages]
-            return alg.node_votes_total(bits, shard.node_size, small_int_dtype(ctx.size))
+            return path.totals(messages, shard, small_int_dtype(ctx.size))
 
         before = hier.leg_stats()
         with batch.phase("comm"):
@@ -120,9 +116,84 @@ class BinSGDM(BatchedCompressor):
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0
         with batch.phase("decode"):
-            mean = alg.mean_vote(total, ctx.size, like=like)
+            mean = path.mean(total, ctx.size, like=batch.entries[0].work)
             for e in batch.entries:
                 out.append(mean[off:off + e.numel])
                 batch.store.put(e.key, e.moments)
                 off += e.numel
+        return out
+
+
+class ReferencePath:
+    """BinSGDM's step in array operations (NumPy, or Torch on any device): the definition
+    (``hvdcomp.algorithms.binsgdm``) that ``FusedPath`` reproduces bit for bit."""
+
+    @staticmethod
+    def votes(batch, betas, eps, key):
+        """Sets every entry's new ``moments``; returns the batch's votes (host int8, fused in
+        entry order)."""
+        for e in batch.entries:
+            e.moments = alg.update_moments(e.work, batch.store.get(e.key, like=e.work), *betas)
+        u = xp.concat([alg.direction(m, v, eps) for m, v in (e.moments for e in batch.entries)],
+                      like=batch.entries[0].work)
+        return xp.to_host(alg.binarise(u, key))
+
+    @staticmethod
+    def rebinarised(node_sum, node_size, key):
+        """A node's sum re-binarised and packed (the inter-node message)."""
+        return pack_signs(alg.rebinarise(node_sum, node_size, key))
+
+    @staticmethod
+    def totals(messages, shard, dtype):
+        """The estimate of the sum over all ranks from the nodes' messages (``dtype``)."""
+        bits = [unpack_signs(row, shard.size, "int8") for row in messages]
+        return alg.node_votes_total(bits, shard.node_size, dtype)
+
+    mean = staticmethod(alg.mean_vote)
+
+
+PROBABILITIES = "#p"  # the store's scratch key suffix of a tensor's vote probabilities
+
+
+class FusedPath:
+    """``ReferencePath`` by the fused kernels of ``hvdcomp.kernels.votes`` (host float arrays):
+    the same numbers, one pass each."""
+
+    @staticmethod
+    def votes(batch, betas, eps, key):
+        from hvdcomp.kernels import votes as kv
+        dtype = batch.entries[0].work.dtype.type
+        consts = [dtype(c) for c in (betas[0], 1 - betas[0], betas[1], 1 - betas[1], eps)]
+        words = [np.uint32(w) for w in stochastic.words(key)]
+        out = np.empty(sum(e.numel for e in batch.entries), dtype=np.int8)
+        off = 0
+        for e in batch.entries:
+            m, v = batch.store.get(e.key) or (None, None)
+            e.moments = (np.empty_like(e.work), np.empty_like(e.work))
+            kv.moments_votes(e.work, m, v, *consts, *words, off, *e.moments,
+                             batch.store.scratch(e.key + PROBABILITIES, e.work), out)
+            off += e.numel
+        return out
+
+    @staticmethod
+    def rebinarised(node_sum, node_size, key):
+        from hvdcomp.kernels import votes as kv
+        packed = np.empty(packed_nbytes(node_sum.shape[0]), dtype=np.uint8)
+        words = [np.uint32(w) for w in stochastic.words(key)]
+        kv.rebinarise_packed(np.ascontiguousarray(node_sum), node_size,
+                             kv.rebinarise_thresholds(node_size), *words, packed)
+        return packed
+
+    @staticmethod
+    def totals(messages, shard, dtype):
+        from hvdcomp.kernels import votes as kv
+        out = np.empty(shard.size, dtype=dtype)
+        kv.node_totals(np.ascontiguousarray(messages), shard.size, shard.node_size, out)
+        return out
+
+    @staticmethod
+    def mean(total, size, like=None):
+        from hvdcomp.kernels import votes as kv
+        out = np.empty(total.shape[0], dtype=np.float32)
+        kv.mean_vote(np.ascontiguousarray(total), kv.mean_table(size), out)
         return out

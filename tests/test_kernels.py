@@ -169,3 +169,52 @@ def test_training_is_bit_identical_with_either_path(name):
     fused = train_digits(preset, env={kernels.ENV: "numba"})
     ref = train_digits(preset, env={kernels.ENV: "numpy"})
     assert (fused[0]["acc"], fused[0]["loss"]) == (ref[0]["acc"], ref[0]["loss"])
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 100_003])
+@pytest.mark.parametrize("first", [True, False])
+def test_binsgdm_moments_and_votes_match_the_reference(n, first):
+    """One pass of ``votes.moments_votes`` = update_moments + direction + binarise (the votes
+    drawn from the counter stream at the fused position), bit for bit, at an offset."""
+    from hvdcomp.algorithms import binsgdm as bs
+    from hvdcomp.backend import stochastic
+    from hvdcomp.kernels import votes as kv
+    g, _ = _vectors(n, np.float32, 5)
+    state = None if first else (g[::-1].copy() * 0.5, np.abs(g) + np.float32(0.1))
+    b1, b2, eps, key, off = 0.9, 0.99, 1e-8, (3, 4, 1, bs.VOTE), 17
+    m, v = bs.update_moments(g, state, b1, b2)
+    want = np.full(n + off, 7, np.int8)
+    u = np.concatenate([np.zeros(off, np.float32), bs.direction(m, v, eps)])
+    want[off:] = bs.binarise(u, key)[off:]
+    got, m_out, v_out = np.full(n + off, 7, np.int8), np.empty_like(g), np.empty_like(g)
+    c = [np.float32(x) for x in (b1, 1 - b1, b2, 1 - b2, eps)]
+    words = [np.uint32(w) for w in stochastic.words(key)]
+    kv.moments_votes(g, *(state or (None, None)), *c, *words, off, m_out, v_out,
+                     np.empty_like(g), got)
+    assert _same(m_out, m) and _same(v_out, v) and _same(got[off:], want[off:])
+    assert (got[:off] == 7).all()
+
+
+@pytest.mark.parametrize("node_size,nodes", [(1, 2), (2, 2), (3, 4)])
+def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes):
+    from hvdcomp.algorithms import binsgdm as bs
+    from hvdcomp.backend import stochastic
+    from hvdcomp.kernels import votes as kv
+    n, key = 10_007, (1, 2, 0, bs.REBINARISE)
+    rng = np.random.default_rng(node_size)
+    node_sum = (2 * rng.binomial(node_size, 0.6, n) - node_size).astype(np.int8)
+    packed = np.empty(-(-n // 8), np.uint8)
+    kv.rebinarise_packed(node_sum, node_size, kv.rebinarise_thresholds(node_size),
+                         *[np.uint32(w) for w in stochastic.words(key)], packed)
+    assert _same(packed, pack_signs(bs.rebinarise(node_sum, node_size, key)))
+    messages = rng.integers(0, 256, (nodes, packed.size), dtype=np.uint8)
+    messages[:, -1] &= np.uint8(0xFF << (8 - n % 8) & 0xFF)
+    from hvdcomp.backend import unpack_signs
+    want = bs.node_votes_total([unpack_signs(r, n, "int8") for r in messages], node_size,
+                               np.int16)
+    got = np.empty(n, np.int16)
+    kv.node_totals(messages, n, node_size, got)
+    assert _same(got, want)
+    mean = np.empty(n, np.float32)
+    kv.mean_vote(want, kv.mean_table(nodes * node_size), mean)
+    assert _same(mean, bs.mean_vote(want, nodes * node_size))

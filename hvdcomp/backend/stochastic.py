@@ -2,15 +2,18 @@
 
 ``uniforms(key, n)`` returns ``n`` float32 numbers in [0, 1) on a grid of 2**-24. They depend only
 on ``key`` (a tuple of non-negative integers, e.g. (seed, step, rank, stage)), like
-``masks.bernoulli_mask``: the same key gives the same numbers on any machine or process, so a run
-is reproducible and a resumed run (same seed and step counter) draws what the uninterrupted run
-drew. For host data (NumPy, CPU tensors) they come from NumPy's PCG64 seeded by
-``SeedSequence(key)``. For a device tensor ``like`` they are made on its device by a
-counter-based hash (``device_uniforms``: element i is two rounds of MurmurHash3's 32-bit
-finaliser of i under two words of ``SeedSequence(key)``), computed in exact integer arithmetic,
-so the same on every GPU and run; a different stream from the host's, equally uniform. A rank
-draws its own votes (keys hold the rank), so only runs that move the same tensors between host
-and device see different draws.
+``masks.bernoulli_mask``: the same key gives the same numbers on any machine, process or device,
+so a run is reproducible and a resumed run (same seed and step counter) draws what the
+uninterrupted run drew. Element i is a counter-based hash (no generator state):
+
+    w0, w1 = SeedSequence(key).generate_state(2, uint32)
+    U_i    = (fmix32(fmix32(i ^ w0) ^ w1) >> 8) * 2**-24        (i < 2**32; i mod 2**32 beyond)
+
+with ``fmix32`` MurmurHash3's 32-bit finaliser (an invertible mix of all 32 bits). The host
+computes it in NumPy's uint32 arithmetic (``host_uniforms``), a device tensor ``like`` on its
+device in int64 arithmetic (``device_uniforms``), and the fused BinSGDM kernels
+(``hvdcomp.kernels.votes``) inline, element by element: the same numbers everywhere. Being a
+function of (key, i), element i of a stream is drawn without drawing the ones before it.
 
 ``stochastic_signs(p, key)``: int8 ±1 with P(+1) = p element-wise, from ``uniforms``: ``+1``
 where ``U < p``. With U on the 2**-24 grid, P(U < p) = ceil(p * 2**24) / 2**24, so the result is
@@ -21,13 +24,41 @@ import numpy as np
 from hvdcomp.backend.xp import from_host, is_torch, _torch
 
 
+def words(key):
+    """The two 32-bit words of ``key`` the hash mixes in (module docstring), as Python ints."""
+    return tuple(int(w) for w in np.random.SeedSequence(list(key)).generate_state(2, np.uint32))
+
+
 def uniforms(key, n, like=None):
     """``n`` uniform float32 numbers in [0, 1), keyed by ``key``; NumPy, or like ``like``."""
     if is_torch(like) and not like.is_cpu:
         return device_uniforms(key, n, like.device)
-    gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(key))))
-    u = gen.random(int(n), dtype=np.float32)
+    u = host_uniforms(key, n)
     return from_host(u, like) if like is not None else u
+
+
+def _host_fmix32(h):
+    """MurmurHash3's fmix32 on a uint32 array, in place (NumPy's uint32 products wrap)."""
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def host_uniforms(key, n):
+    """``uniforms(key, n)`` on the host (NumPy float32), the reference of the other paths."""
+    w0, w1 = words(key)
+    h = np.arange(int(n), dtype=np.uint64).astype(np.uint32)
+    h ^= np.uint32(w0)
+    h = _host_fmix32(h)
+    h ^= np.uint32(w1)
+    h = _host_fmix32(h)
+    h >>= np.uint32(8)
+    u = h.astype(np.float32)
+    u *= np.float32(1.0 / (1 << 24))
+    return u
 
 
 def stochastic_signs(p, key):
@@ -61,12 +92,10 @@ def _fmix32(h):
 
 
 def device_uniforms(key, n, device):
-    """``n`` float32 uniforms in [0, 1) on the 2**-24 grid, made on ``device`` from ``key``
-    alone: ``fmix32(fmix32(i ^ w0) ^ w1) >> 8`` times 2**-24 for element i (< 2**32) and the
-    first two 32-bit words of ``SeedSequence(key)``. Exact integer arithmetic: the same numbers
-    on every device."""
+    """``uniforms(key, n)`` made on ``device`` (a float32 tensor there): the module's hash in
+    exact int64 arithmetic, the host's numbers."""
     torch = _torch()
-    w0, w1 = (int(w) for w in np.random.SeedSequence(list(key)).generate_state(2, np.uint32))
+    w0, w1 = words(key)
     h = torch.arange(int(n), dtype=torch.int64, device=device) & _MASK32
     h = _fmix32(_fmix32(h ^ w0) ^ w1)
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))

@@ -1,4 +1,4 @@
-"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD and TopK.
+"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD, TopK and BinSGDM.
 
 What is fused (each kernel reads and writes every full-size array once; contracts in the
 modules' docstrings):
@@ -8,7 +8,10 @@ modules' docstrings):
   Marsit's memory update, one pass; ``hvdcomp.kernels.signs.vote_decode``: the same for
   EF-signSGD (majority vote of all ranks' bits, step, own error);
 - ``hvdcomp.kernels.topk.SumSource``: TopK's compensation ``a = g + e`` fused with the
-  threshold scan of the selection (``hvdcomp.backend.topk``), one pass.
+  threshold scan of the selection (``hvdcomp.backend.topk``), one pass;
+- ``hvdcomp.kernels.votes``: BinSGDM's moments, direction and stochastic vote (its uniforms
+  computed inline), one pass; the re-binarisation packed as drawn; the nodes' totals from their
+  bits; the mean vote.
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
@@ -71,7 +74,7 @@ _WARMED = set()
 
 def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
-    the kernels of ``module`` ('signs' or 'topk') that a float32 training uses (the first step,
+    the kernels of ``module`` ('signs', 'topk' or 'votes') that a float32 training uses (the first step,
     without memory, and the later ones, with it), so that a training's first steps do not pay
     for it and LayerFusion's timings of them stay true. Called by the constructors of the
     methods that use the kernels; once per module and process; nothing on the reference path."""

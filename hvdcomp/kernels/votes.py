@@ -1,0 +1,125 @@
+"""Fused BinSGDM kernels (numba) on host arrays: the moments, the direction and the stochastic
+vote in one pass; the inter-node re-binarisation packed as it is drawn; the nodes' vote totals
+from their packed bits; the mean vote.
+
+Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.algorithms.binsgdm`` bit
+for bit: the same float32 operations in the same order (no fused multiply-add; numba contracts
+nothing without fastmath), the same comparisons (``U < p`` in float32 for votes, in float64 for
+the re-binarisation; both as exact integer comparisons of the 24-bit draw), and the uniforms of ``hvdcomp.backend.stochastic`` computed inline from the
+element's position (a counter hash: no generator state, no n-sized array of random numbers).
+
+Arrays: 1-D and C-contiguous; ``g``, ``m``, ``v`` and their outputs one float dtype (float32 or
+float64); votes a signed integer dtype; packed bits uint8 in ``hvdcomp.backend.bits``'s layout.
+Outputs go to the buffers the caller gives.
+"""
+import numba
+import numpy as np
+
+_JIT = dict(cache=True, nogil=True)
+_SCALE = np.float32(1 << 24)
+
+
+@numba.njit(inline="always", **_JIT)
+def _fmix32(h):
+    """MurmurHash3's fmix32 in wrapping uint32 arithmetic (LLVM vectorises it)."""
+    h = np.uint32(h ^ (h >> np.uint32(16)))
+    h = np.uint32(h * np.uint32(0x85EBCA6B))
+    h = np.uint32(h ^ (h >> np.uint32(13)))
+    h = np.uint32(h * np.uint32(0xC2B2AE35))
+    return np.uint32(h ^ (h >> np.uint32(16)))
+
+
+@numba.njit(inline="always", **_JIT)
+def _draw(i, w0, w1):
+    """Element ``i``'s 24-bit draw ``k`` of the stream with words ``w0``, ``w1`` (uint32): its
+    uniform is ``k * 2**-24``."""
+    return _fmix32(np.uint32(_fmix32(np.uint32(np.uint32(i) ^ w0)) ^ w1)) >> np.uint32(8)
+
+
+@numba.njit(**_JIT)
+def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out, p, votes):
+    """BinSGDM's encode of one tensor: ``m_out, v_out`` = the new moments (``m``, ``v`` None:
+    the first step, ``g`` and ``|g|``), ``u = clip(m / (v + eps), -1, 1)``, ``p = (u + 1) / 2``
+    (into the work buffer ``p``) and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``.
+    Two loops (the moments, then the draws), each of which LLVM vectorises; as one loop neither
+    is (2x slower). The scalars are the reference's float32 constants (``omb1 = 1 - b1``
+    rounded, ...); ``w0``, ``w1`` the stream's words (uint32). ``U < p`` is tested as
+    ``k < p * 2**24`` (exact: a power-of-two scaling of both sides)."""
+    one, half = g.dtype.type(1.0), g.dtype.type(0.5)
+    for i in range(g.shape[0]):
+        gi = g[i]
+        if m is None:
+            mi = gi * one
+            vi = abs(gi)
+        else:
+            mi = m[i] * b1 + gi * omb1
+            vi = v[i] * b2 + abs(gi) * omb2
+        m_out[i] = mi
+        v_out[i] = vi
+        u = mi / (vi + eps)
+        u = one if u > one else u
+        u = -one if u < -one else u
+        p[i] = (u + one) * half
+    for i in range(g.shape[0]):
+        k = np.float32(_draw(offset + i, w0, w1))
+        votes[offset + i] = np.int8(1) if k < p[i] * _SCALE else np.int8(-1)
+
+
+def rebinarise_thresholds(node_size):
+    """For each node sum s in [-L, L] (index s + L): the least 24-bit draw that votes -1,
+    ``ceil(p * 2**24)`` with ``p = (s + L) / (2 L)`` in float64 as the reference computes it, so
+    that ``k < threshold`` exactly when ``k * 2**-24 < p`` (both sides scaled by 2**24, exact)."""
+    s = np.arange(-node_size, node_size + 1, dtype=np.float64)
+    return np.ceil((s + node_size) / (2.0 * node_size) * (1 << 24)).astype(np.int64)
+
+
+@numba.njit(**_JIT)
+def rebinarise_packed(node_sum, node_size, thresholds, w0, w1, packed):
+    """A node's re-binarised sum, packed: bit i is 1 (vote +1) when ``U[i] < (s_i + L) / (2 L)``
+    (``L = node_size``; ``thresholds`` from ``rebinarise_thresholds(L)``); unused bits of the
+    last byte 0. A byte at a time (its 8 draws, then one store)."""
+    n = node_sum.shape[0]
+    for j in range((n + 7) // 8):
+        byte = 0
+        for b in range(min(8, n - 8 * j)):
+            i = 8 * j + b
+            vote = np.int64(_draw(i, w0, w1)) < thresholds[np.int64(node_sum[i]) + node_size]
+            byte |= np.int64(vote) << (7 - b)
+        packed[j] = byte
+
+
+@numba.njit(**_JIT)
+def node_totals(messages, n, node_size, out):
+    """``out[i] = node_size * sum over rows of (+1 if bit i set else -1)`` for the (nodes,
+    nbytes) uint8 ``messages``: the estimate of the sum over all ranks."""
+    nodes = messages.shape[0]
+    for i in range(n):
+        ones = 0
+        for r in range(nodes):
+            ones += (messages[r, i >> 3] >> (7 - (i & 7))) & 1
+        out[i] = (2 * ones - nodes) * node_size
+
+
+def mean_table(size):
+    """``float32(float64(t) / size)`` for every total t in [-size, size] (index t + size)."""
+    return (np.arange(-size, size + 1, dtype=np.float64) / size).astype(np.float32)
+
+
+@numba.njit(**_JIT)
+def mean_vote(total, table, out):
+    """``out[i] = float32(float64(total[i]) / size)``, read from ``table = mean_table(size)``."""
+    bound = (table.shape[0] - 1) // 2
+    for i in range(total.shape[0]):
+        out[i] = table[np.int64(total[i]) + bound]
+
+
+def warm(dtype):
+    """Run every entry point once on 16 elements of ``dtype`` (``hvdcomp.kernels.warm``)."""
+    g = np.ones(16, dtype)
+    votes, w = np.zeros(16, np.int8), np.uint32(1)
+    c = dtype(0.5)
+    for m in (None, g):
+        moments_votes(g, m, m, c, c, c, c, c, w, w, 0, g.copy(), g.copy(), g.copy(), votes)
+    rebinarise_packed(votes, 2, rebinarise_thresholds(2), w, w, np.zeros(2, np.uint8))
+    node_totals(np.zeros((2, 2), np.uint8), 16, 2, votes)
+    mean_vote(votes, mean_table(2), np.zeros(16, np.float32))
