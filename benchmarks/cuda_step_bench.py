@@ -11,7 +11,9 @@ MPI does (device to host, ``MPI_Allreduce``, host to device), and one device-to-
 the gradient (the unit of the kernel cost). Rank 0 prints, per method: the first step, the
 median (min-max) of the timed steps, the phases of the last step (``last_stats``: encode,
 communicate, decode), encode + decode in device copies, and the step as a multiple of the fp32
-allreduce's speed. Communication here is shared memory between ranks on one machine, so the
+allreduce's speed; with ``--cpu``, also the NumPy memory a steady step allocates at its
+peak above what was live before it (tracemalloc), in units of the gradient's bytes (the issue's
+"a steady step allocates no full-size array" would show about 0). Communication here is shared memory between ranks on one machine, so the
 ratios show the compute the method adds on a GPU, not a network's gain.
 """
 import argparse
@@ -61,6 +63,19 @@ def mpi_fp32(grads):
         g.copy_(torch.from_numpy(out).to(g.device, non_blocking=False) / COMM.Get_size())
 
 
+def peak_allocation(fn):
+    """(peak, kept) bytes NumPy allocated during ``fn()`` above what was live before it
+    (tracemalloc; host arrays only: neither CUDA memory nor Torch's CPU allocator report there)."""
+    import tracemalloc
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    fn()
+    now, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak - before, now - before
+
+
 def profile(fn):
     import cProfile
     import pstats
@@ -102,7 +117,9 @@ def main():
         first, later = timed(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]),
                              args.steps)
         ph = comp.last_stats.phases
-        rows.append((name, first, later, ph))
+        peak, kept = (peak_allocation(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]))
+                      if args.cpu else (float("nan"), float("nan")))
+        rows.append((name, first, later, ph, peak / (4 * args.n)))
         if name == args.profile:
             profile(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]))
     if RANK == 0:
@@ -110,14 +127,16 @@ def main():
               f"float32 in 2 tensors, {args.steps} timed steps after the first; device copy "
               f"{copy * 1e3:.2f} ms; fp32 allreduce through host memory {base * 1e3:.1f} ms\n")
         print("| method | first step ms | step ms, median (min-max) | encode / comm / decode ms "
-              "(last step) | encode+decode in device copies | x fp32 allreduce |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
-        for name, first, later, ph in rows:
+              "(last step) | encode+decode in device copies | x fp32 allreduce | NumPy peak "
+              "allocation in a steady step, x gradient bytes |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, first, later, ph, alloc in rows:
             med = float(np.median(later))
             enc, com, dec = (ph.get(k, 0.0) for k in ("encode", "comm", "decode"))
             print(f"| {name} | {first * 1e3:.1f} | {med * 1e3:.1f} ({min(later) * 1e3:.1f}-"
                   f"{max(later) * 1e3:.1f}) | {enc * 1e3:.1f} / {com * 1e3:.1f} / "
-                  f"{dec * 1e3:.1f} | {(enc + dec) / copy:.1f} | {base / med:.2f} |")
+                  f"{dec * 1e3:.1f} | {(enc + dec) / copy:.1f} | {base / med:.2f} | "
+                  f"{alloc:.2f} |")
 
 
 if __name__ == "__main__":

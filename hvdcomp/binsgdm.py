@@ -96,7 +96,10 @@ class BinSGDM(BatchedCompressor):
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.hierarchy()
+        # the votes and the mean follow the gradients (host arrays: fused kernels; tensors on a
+        # device: array operations there); the inter-node stages work on host arrays
         path = FusedPath if kernels.active(*(e.work for e in batch.entries)) else ReferencePath
+        host = FusedPath if kernels.mode() == "numba" else ReferencePath
         with batch.phase("encode"):
             votes = path.votes(batch, self.betas, self.eps,
                                batch.key(self.seed, batch.step, ctx.rank, alg.VOTE))
@@ -104,10 +107,10 @@ class BinSGDM(BatchedCompressor):
 
         def encode(node_sum, shard):
             key = batch.key(self.seed, batch.step, ctx.rank, alg.REBINARISE)
-            return path.rebinarised(node_sum, shard.node_size, key)
+            return host.rebinarised(node_sum, shard.node_size, key)
 
         def combine(messages, shard):
-            return path.totals(messages, shard, small_int_dtype(ctx.size))
+            return host.totals(messages, shard, small_int_dtype(ctx.size))
 
         before = hier.leg_stats()
         with batch.phase("comm"):

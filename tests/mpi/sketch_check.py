@@ -35,7 +35,7 @@ linear = bool(np.array_equal(table.reshape(5, 1000), cs.sketch(np.sum(xs, axis=0
 # 2. SketchFusion steps: every rank's g is known to every rank (seeded), so each rank checks the
 #    result against a reference that repeats the algorithm on the whole data.
 n = 20_000
-comp = hvdcomp.SketchFusion(ratio=0.01, rows=5, seed=7)
+comp = hvdcomp.SketchFusion(ratio=0.01, rows=5, width=10, seed=7)
 k, rows, cols = comp.shape_for(n)
 hs = cs.hashes(n, rows, cols, 7)
 memories = [np.zeros(n, np.float32) for _ in range(size)]
@@ -63,7 +63,7 @@ for step in range(4):
         planted_hit = int(np.isin(np.arange(0, n, n // 50), np.flatnonzero(out)).sum())
 
 # 3. state_dict round trip: restore the state of before step 2 and repeat steps 2 and 3.
-comp2 = hvdcomp.SketchFusion(ratio=0.01, rows=5, seed=7)
+comp2 = hvdcomp.SketchFusion(ratio=0.01, rows=5, width=10, seed=7)
 comp2.load_state_dict(state_after)
 replay = []
 for step in (2, 3):
