@@ -23,12 +23,26 @@ Every rank applies the same update (bit-identical), from the same summed tables.
 """
 import numpy as np
 
-from hvdcomp import feedback, validate
+from hvdcomp import feedback, kernels, validate
 from hvdcomp.algorithms import sketch as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.sketch import hashes
+from hvdcomp.backend.topk import topk_exact
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.protocol import BatchedCompressor
+
+
+def heavy_hitters(table, h, k, device=None):
+    """``alg.select(table, h, k, device)``; on the host, the estimates come from the fused kernel
+    (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at most 9 rows)."""
+    if (device is None or str(device) == "cpu") and kernels.mode() == "numba" \
+            and h.rows <= 9:
+        from hvdcomp.kernels import sketch as ks
+        est = np.empty(h.n, dtype=np.float32)
+        ks.unsketch(np.ascontiguousarray(table, dtype=np.float32).reshape(h.rows, h.cols),
+                    h.offsets, h.chunk_signs, h.n, est)
+        return topk_exact(est, k)
+    return alg.select(table, h, k, device)
 
 
 class SketchFusion(BatchedCompressor):
@@ -59,6 +73,7 @@ class SketchFusion(BatchedCompressor):
         self.width = validate.count("width (cols per selected position)", width, 1)
         self.exact = validate.flag("exact", exact)
         super().__init__(**common)
+        kernels.warm("sketch")
 
     def settings(self):
         return {"ratio": self.ratio, "rows": self.rows, "cols": self.cols, "width": self.width,
@@ -89,14 +104,17 @@ class SketchFusion(BatchedCompressor):
         with batch.phase("comm"):
             ring_allreduce(ctx, table)
         with batch.phase("decode"):
-            idx, sums = alg.select(table, h, k, device)
+            idx, sums = heavy_hitters(table, h, k, device)
         if self.exact:
             with batch.phase("comm"):
                 sums = ring_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
                                                                 dtype=np.float32))
         out, off = [], 0
         with batch.phase("decode"):
-            applied, memory = alg.apply(fused, idx, sums, ctx.size, self.exact)
+            # the fused vector is a new array (several tensors) or an owned buffer: the memory
+            # is written into it; only a lone unowned gradient (a first step) is copied
+            owned = len(entries) > 1 or entries[0].owned
+            applied, memory = alg.apply(fused, idx, sums, ctx.size, self.exact, copy=not owned)
             for e in entries:
                 feedback.keep(batch, e, xp.from_host(memory[off:off + e.numel], e.work))
                 out.append(xp.from_host(applied[off:off + e.numel], e.work))

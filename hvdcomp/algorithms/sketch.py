@@ -60,19 +60,20 @@ def select(table, h, k, device=None):
     return cs.heavy_hitters(table, h, k, device)
 
 
-def apply(a, indices, sums, size, exact=True):
+def apply(a, indices, sums, size, exact=True, copy=True):
     """``(applied, memory)`` (float32, length n, of ``a``'s kind and device) from this rank's
-    ``a``, the selected ``indices`` (of ``a``'s kind) and the summed values there (exact sums or
-    estimates; host or ``a``'s kind)."""
+    ``a`` (float32), the selected ``indices`` (of ``a``'s kind) and the summed values there
+    (exact sums or estimates; host or ``a``'s kind). ``copy=False``: the memory is written into
+    ``a`` itself (a buffer the caller owns)."""
     if is_torch(a):
         torch = _torch()
         applied = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
         applied[indices] = torch.as_tensor(sums, device=a.device).to(torch.float32) / size
-        memory = a.to(torch.float32, copy=True)
     else:
-        applied = np.zeros(a.shape[0], dtype=np.float32)
+        applied = np.empty(a.shape[0], dtype=np.float32)  # empty + fill: huge pages, not calloc's
+        applied.fill(0)
         applied[indices] = np.asarray(sums, dtype=np.float32) / np.float32(size)
-        memory = np.array(a, dtype=np.float32, copy=True)
+    memory = (a.clone() if is_torch(a) else a.copy()) if copy else a
     if exact:
         memory[indices] = 0
     else:

@@ -1,0 +1,90 @@
+"""The Count-Sketch's full unsketch fused with the median over rows (numba), for host tables.
+
+``unsketch(table, offsets, signs, n, out)`` writes, for every position i < n, the median over
+the r rows of ``signs[j, q] * table[j, (i % c + offsets[j, q]) % c]`` (``q = i // c``; the
+offset hashing of ``hvdcomp.backend.sketch``), one pass over ``out`` and no n-sized temporary
+(the reference builds an r x BLOCK block of estimates, then r-1 min/max passes over it). The
+median of the r estimates is taken by sorting them (insertion sort; r <= 9): the middle value,
+or for even r the float32 mean of the two middle ones, ``(a + b) / 2``, as the reference
+computes it, so the estimates are the reference's (a median selects; only the sign of a zero
+can differ, which no magnitude or sum sees).
+
+Arrays: ``table`` float32 (r, c) C-contiguous; ``offsets`` int64 and ``signs`` int8, (r,
+chunks); ``out`` float32 of length n.
+"""
+import numba
+import numpy as np
+
+MAX_ROWS = 9
+_JIT = dict(cache=True, nogil=True)
+
+
+@numba.njit(inline="always", **_JIT)
+def _estimate(table, offsets, signs, j, q, p, c):
+    b = p + offsets[j, q]
+    if b >= c:
+        b -= c
+    v = table[j, b]
+    return -v if signs[j, q] < 0 else v
+
+
+@numba.njit(**_JIT)
+def _unsketch3(table, offsets, signs, n, out):
+    """r = 3: ``max(min(x, y), min(max(x, y), z))``, the reference's formula. Each chunk is cut
+    where a row's bucket wraps around, so every piece reads three contiguous table slices."""
+    c = table.shape[1]
+    cuts = np.empty(5, np.int64)
+    for q in range(offsets.shape[1]):
+        lo = q * c
+        m = min(c, n - lo)
+        o0, o1, o2 = offsets[0, q], offsets[1, q], offsets[2, q]
+        s0, s1, s2 = (np.float32(signs[0, q]), np.float32(signs[1, q]),
+                      np.float32(signs[2, q]))
+        cuts[0], cuts[1], cuts[2], cuts[3], cuts[4] = 0, c - o0, c - o1, c - o2, m
+        cuts[1:4].sort()
+        for t in range(4):
+            a, e = max(cuts[t], 0), min(cuts[t + 1], m)
+            if a >= e:
+                continue
+            d0 = o0 if a + o0 < c else o0 - c
+            d1 = o1 if a + o1 < c else o1 - c
+            d2 = o2 if a + o2 < c else o2 - c
+            for p in range(a, e):
+                x = table[0, p + d0] * s0
+                y = table[1, p + d1] * s1
+                z = table[2, p + d2] * s2
+                out[lo + p] = max(min(x, y), min(max(x, y), z))
+
+
+@numba.njit(**_JIT)
+def _unsketch_sorted(table, offsets, signs, n, out):
+    """Any r <= MAX_ROWS: the r estimates sorted (insertion sort), then the middle."""
+    rows, c = table.shape
+    est = np.empty(rows, np.float32)
+    for q in range(offsets.shape[1]):
+        lo = q * c
+        for p in range(min(c, n - lo)):
+            for j in range(rows):
+                v = _estimate(table, offsets, signs, j, q, p, c)
+                k = j - 1
+                while k >= 0 and est[k] > v:
+                    est[k + 1] = est[k]
+                    k -= 1
+                est[k + 1] = v
+            if rows % 2:
+                out[lo + p] = est[rows // 2]
+            else:
+                out[lo + p] = (est[rows // 2 - 1] + est[rows // 2]) / np.float32(2)
+
+
+def unsketch(table, offsets, signs, n, out):
+    """Every position's estimate into ``out`` (module docstring)."""
+    (_unsketch3 if table.shape[0] == 3 else _unsketch_sorted)(table, offsets, signs, n, out)
+
+
+def warm(dtype=np.float32):
+    """Compile (or load from the cache) the kernel (``hvdcomp.kernels.warm``)."""
+    out = np.empty(4, np.float32)
+    for rows in (3, 5):
+        unsketch(np.zeros((rows, 2), np.float32), np.zeros((rows, 2), np.int64),
+                 np.ones((rows, 2), np.int8), 4, out)
