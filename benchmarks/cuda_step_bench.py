@@ -1,20 +1,21 @@
 """Every method's step on CUDA gradients, on real MPI ranks sharing the GPU machine's GPUs.
 
     mpirun -np 2 python benchmarks/cuda_step_bench.py [--n 25000000] [--steps 5] [--methods ...]
+        [--cpu] [--profile METHOD]
 
-The GPU machines have no Horovod, so this times what a Horovod step drives: the compressor's
-batch entry point ``reduce_batch_now(keys, tensors)`` with torch tensors on ``cuda:<rank %
-GPUs>`` (the backend's Torch kernels; messages staged through host memory for MPI), for a
-gradient of ``--n`` float32 elements in two tensors (a square weight and its bias, the 2-layer
-MLP's size by default). Baselines measured in the same run: the fp32 allreduce a CUDA-unaware
-MPI does (device to host, ``MPI_Allreduce``, host to device), and one device-to-device copy of
-the gradient (the unit of the kernel cost). Rank 0 prints, per method: the first step, the
-median (min-max) of the timed steps, the phases of the last step (``last_stats``: encode,
-communicate, decode), encode + decode in device copies, and the step as a multiple of the fp32
-allreduce's speed; with ``--cpu``, also the NumPy memory a steady step allocates at its
-peak above what was live before it (tracemalloc), in units of the gradient's bytes (the issue's
-"a steady step allocates no full-size array" would show about 0). Communication here is shared memory between ranks on one machine, so the
-ratios show the compute the method adds on a GPU, not a network's gain.
+The GPU machines have no Horovod, so this times what a Horovod step drives: the compressor's batch
+entry point ``reduce_batch_now(keys, tensors)`` with torch tensors on ``cuda:<rank % GPUs>`` (the
+backend's Torch kernels; messages staged through host memory for MPI), for a gradient of ``--n``
+float32 elements in two tensors (a square weight and its bias, the 2-layer MLP's size by default).
+Baselines measured in the same run: the fp32 allreduce a CUDA-unaware MPI does (device to host,
+``MPI_Allreduce``, host to device), and one device-to-device copy of the gradient (the unit of the
+kernel cost). Rank 0 prints, per method: the first step, the median (min-max) of the timed steps,
+the phases of the last step (``last_stats``: encode, communicate, decode), encode + decode in
+device copies, and the step as a multiple of the fp32 allreduce's speed; with ``--cpu``, also the
+NumPy memory a steady step allocates at its peak above what was live before it (tracemalloc), in
+units of the gradient's bytes (the issue's "a steady step allocates no full-size array" would show
+about 0). Communication here is shared memory between ranks on one machine, so the ratios show the
+compute the method adds on a GPU, not a network's gain.
 """
 import argparse
 import math
@@ -64,16 +65,16 @@ def mpi_fp32(grads):
 
 
 def peak_allocation(fn):
-    """(peak, kept) bytes NumPy allocated during ``fn()`` above what was live before it
-    (tracemalloc; host arrays only: neither CUDA memory nor Torch's CPU allocator report there)."""
+    """The peak bytes NumPy allocated during ``fn()`` above what was live before it (tracemalloc;
+    host arrays only: neither CUDA memory nor Torch's CPU allocator report there)."""
     import tracemalloc
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
     fn()
-    now, peak = tracemalloc.get_traced_memory()
+    peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return peak - before, now - before
+    return peak - before
 
 
 def profile(fn):
@@ -114,14 +115,13 @@ def main():
     rows = []
     for name in args.methods.split(","):
         comp = getattr(hvdcomp, name)()
-        first, later = timed(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]),
-                             args.steps)
+        step = lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys])  # noqa: E731
+        first, later = timed(step, args.steps)
         ph = comp.last_stats.phases
-        peak, kept = (peak_allocation(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]))
-                      if args.cpu else (float("nan"), float("nan")))
+        peak = peak_allocation(step) if args.cpu else float("nan")
         rows.append((name, first, later, ph, peak / (4 * args.n)))
         if name == args.profile:
-            profile(lambda: comp.reduce_batch_now(keys, [grads[k] for k in keys]))
+            profile(step)
     if RANK == 0:
         print(f"{COMM.Get_size()} ranks, {torch.cuda.get_device_name(device)}, n = {args.n:,} "
               f"float32 in 2 tensors, {args.steps} timed steps after the first; device copy "

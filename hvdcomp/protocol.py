@@ -242,8 +242,7 @@ class BatchedCompressor:
     def reduce_batch_now(self, keys, arrays):
         """Reduce arrays (NumPy, or torch tensors on any device) across ranks now as one batch (a
         step; every rank calls it with the same keys): the graph front ends' entry point. Returns
-        each one's mean over ranks, flat, float32 (float64 input: float64), not multiplied by
-        ``op_factor``: a NumPy array for host data, a tensor on its device for a device tensor."""
+        each one's mean, flat, float32 (float64 input: float64), host or on the tensor's device."""
         with self._lock:
             entries = [Entry(k, a, adapter_for(a)) for k, a in zip(keys, arrays)]
             self.engine.process(sorted(entries, key=lambda e: e.key))

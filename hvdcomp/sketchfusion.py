@@ -34,14 +34,15 @@ from hvdcomp.protocol import BatchedCompressor
 
 def heavy_hitters(table, h, k, device=None):
     """``alg.select(table, h, k, device)``; on the host, the estimates come from the fused kernel
-    (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at most 9 rows)."""
-    if (device is None or str(device) == "cpu") and kernels.mode() == "numba" \
-            and h.rows <= 9:
+    (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at most
+    ``MAX_ROWS`` rows)."""
+    if (device is None or str(device) == "cpu") and kernels.mode() == "numba":
         from hvdcomp.kernels import sketch as ks
-        est = np.empty(h.n, dtype=np.float32)
-        ks.unsketch(np.ascontiguousarray(table, dtype=np.float32).reshape(h.rows, h.cols),
-                    h.offsets, h.chunk_signs, h.n, est)
-        return topk_exact(est, k)
+        if h.rows <= ks.MAX_ROWS:
+            est = np.empty(h.n, dtype=np.float32)
+            ks.unsketch(np.ascontiguousarray(table, dtype=np.float32).reshape(h.rows, h.cols),
+                        h.offsets, h.chunk_signs, h.n, est)
+            return topk_exact(est, k)
     return alg.select(table, h, k, device)
 
 

@@ -108,10 +108,11 @@ def test_sketch_on_cuda_matches_the_host():
 @pytest.mark.timeout(400)
 def test_every_method_on_cuda_ranks():
     """2 ranks, CUDA gradients through the batch entry point: results on the device, ranks
-    bit-identical, within 1e-4 (relative to the largest value) of the host path on all but a
-    1/1000 share of elements (the l1 and vote sums run in another order on the GPU, so a few
-    signs near zero can flip; BinSGDM draws the host's random stream on the device), resume from ``state_dict()`` bit-identical, a NaN raises on every
-    rank naming the tensor and rank and leaves the step counter as it was."""
+    bit-identical, within 1e-4 (relative to the largest value) of the host path on all but a 1/1000
+    share of elements (the l1 and vote sums run in another order on the GPU, so a few signs near
+    zero can flip; BinSGDM draws the host's random stream on the device), resume from
+    ``state_dict()`` bit-identical, a NaN raises on every rank naming the tensor and rank and
+    leaves the step counter as it was."""
     res = results(run(2, "cuda_step.py", timeout=380))
     assert sorted(res) == [0, 1]
     for name, per in res[0]["methods"].items():

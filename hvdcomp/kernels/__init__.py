@@ -1,4 +1,5 @@
-"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD, TopK and BinSGDM.
+"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD, TopK, BinSGDM
+and SketchFusion.
 
 What is fused (each kernel reads and writes every full-size array once; contracts in the
 modules' docstrings):
@@ -11,7 +12,9 @@ modules' docstrings):
   threshold scan of the selection (``hvdcomp.backend.topk``), one pass;
 - ``hvdcomp.kernels.votes``: BinSGDM's moments, direction and stochastic vote (its uniforms
   computed inline), one pass; the re-binarisation packed as drawn; the nodes' totals from their
-  bits; the mean vote.
+  bits; the mean vote;
+- ``hvdcomp.kernels.sketch.unsketch``: SketchFusion's estimate of every position, the median
+  over the sketch's rows taken as it is read, one pass.
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
@@ -74,10 +77,11 @@ _WARMED = set()
 
 def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
-    the kernels of ``module`` ('signs', 'topk' or 'votes') that a float32 training uses (the first step,
-    without memory, and the later ones, with it), so that a training's first steps do not pay
-    for it and LayerFusion's timings of them stay true. Called by the constructors of the
-    methods that use the kernels; once per module and process; nothing on the reference path."""
+    the kernels of ``module`` ('signs', 'topk', 'votes' or 'sketch') that a float32 training uses
+    (the first step, without memory, and the later ones, with it), so that a training's first steps
+    do not pay for it and LayerFusion's timings of them stay true. Called by the constructors of
+    the methods that use the kernels; once per module and process; nothing on the reference
+    path."""
     if module in _WARMED or mode() != "numba":
         return
     importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)

@@ -4,9 +4,10 @@ from their packed bits; the mean vote.
 
 Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.algorithms.binsgdm`` bit
 for bit: the same float32 operations in the same order (no fused multiply-add; numba contracts
-nothing without fastmath), the same comparisons (``U < p`` in float32 for votes, in float64 for
-the re-binarisation; both as exact integer comparisons of the 24-bit draw), and the uniforms of ``hvdcomp.backend.stochastic`` computed inline from the
-element's position (a counter hash: no generator state, no n-sized array of random numbers).
+nothing without fastmath), the same comparisons (``U < p`` in float32 for votes, in float64 for the
+re-binarisation; both as exact integer comparisons of the 24-bit draw), and the uniforms of
+``hvdcomp.backend.stochastic`` computed inline from the element's position (a counter hash: no
+generator state, no n-sized array of random numbers).
 
 Arrays: 1-D and C-contiguous; ``g``, ``m``, ``v`` and their outputs one float dtype (float32 or
 float64); votes a signed integer dtype; packed bits uint8 in ``hvdcomp.backend.bits``'s layout.
