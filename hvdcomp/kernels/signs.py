@@ -24,6 +24,7 @@ from hvdcomp.kernels.simd import compensate8, decode8, decode8_local
 
 _JIT = dict(cache=True, nogil=True)
 LEAF = 128  # NumPy's PW_BLOCKSIZE: pairwise leaves hold at most this many elements
+VOTE_BLOCK = 4096  # elements per block of vote_decode (their counts stay in L1)
 DEPTH = 64  # stack depth of the pairwise traversal (a block of 2**k elements needs k - 5)
 
 
@@ -161,18 +162,25 @@ def marsit_decode(bits, p, delta, memory_factor, local, step, memory):
 
 @numba.njit(**_JIT)
 def _vote_decode(rows, off, p, step, memory, scale, own):
-    """The fused pass of ``vote_decode``."""
+    """The fused pass of ``vote_decode``, ``VOTE_BLOCK`` elements at a time: the block's "up"
+    votes counted rank by rank (a loop LLVM vectorises; with the ranks innermost it does not,
+    2.5x slower), then its step and memory."""
     ranks, n = rows.shape[0], p.shape[0]
     one, zero = p.dtype.type(1), p.dtype.type(0)
-    for i in range(n):
-        byte, shift = off + (i >> 3), 7 - (i & 7)
-        ups = 0
+    ups = np.empty(VOTE_BLOCK, np.int32)
+    for lo in range(0, n, VOTE_BLOCK):
+        m = min(VOTE_BLOCK, n - lo)
+        ups[:m] = 0
         for r in range(ranks):
-            ups += (rows[r, byte] >> shift) & 1
-        votes = 2 * ups - ranks
-        sign = one if votes > 0 else (-one if votes < 0 else zero)
-        step[i] = sign * scale
-        memory[i] = p[i] - math.copysign(own, p[i])
+            for k in range(m):
+                i = lo + k
+                ups[k] += (rows[r, off + (i >> 3)] >> (7 - (i & 7))) & 1
+        for k in range(m):
+            i = lo + k
+            votes = 2 * ups[k] - ranks
+            sign = one if votes > 0 else (-one if votes < 0 else zero)
+            step[i] = sign * scale
+            memory[i] = p[i] - math.copysign(own, p[i])
     return 0
 
 
