@@ -1,5 +1,7 @@
 """Checkpoint formats: today's compressors write format 2 and still load format 1 (the format
-of the previous release), continuing bit for bit as the old release did."""
+of the previous release), continuing bit for bit as the old release did (BinSGDM: as the reference
+math does from the loaded moments, its votes now drawn from another stream; tests/mpi/
+load_format1.py)."""
 import pytest
 
 from mpirun import results, run
