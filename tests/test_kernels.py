@@ -159,14 +159,16 @@ def test_switch(monkeypatch):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["Marsit", "EFSignSGD", "TopK", "BinSGDM"])
+# Marsit (the sign kernels EF-signSGD shares) and BinSGDM (both legs); EF-signSGD's vote decode
+# and TopK's fused scan are compared bit for bit above, each launch here costs ~17 s of CI
+@pytest.mark.parametrize("name", ["Marsit", "BinSGDM"])
 def test_training_is_bit_identical_with_either_path(name):
     """4 real ranks, the stock horovod.torch optimizer, 5 epochs (55 steps): the run with the
     fused kernels and the run with HVDCOMP_KERNELS=numpy end in the same model (accuracy and
     loss to the last bit)."""
     from conftest import train_digits
     from hvdcomp import registry
-    preset = registry.base_preset(name) if name != "TopK" else "topk-bare"
+    preset = registry.base_preset(name)
     env = {"HVDCOMP_RANKS_PER_NODE": "2"} if name == "BinSGDM" else {}  # 2 nodes: both legs
     fused = train_digits(preset, env={**env, kernels.ENV: "numba"}, epochs=5)
     ref = train_digits(preset, env={**env, kernels.ENV: "numpy"}, epochs=5)
