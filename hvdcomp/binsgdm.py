@@ -158,6 +158,11 @@ class ReferencePath:
 PROBABILITIES = "#p"  # the store's scratch key suffix of a tensor's vote probabilities
 
 
+def _words32(key):
+    """The random stream's two words for ``key`` as the kernels take them (uint32)."""
+    return [np.uint32(w) for w in stochastic.words(key)]
+
+
 class FusedPath:
     """``ReferencePath`` by the fused kernels of ``hvdcomp.kernels.votes`` (host float arrays):
     the same numbers, one pass each."""
@@ -167,7 +172,7 @@ class FusedPath:
         from hvdcomp.kernels import votes as kv
         dtype = batch.entries[0].work.dtype.type
         consts = [dtype(c) for c in (betas[0], 1 - betas[0], betas[1], 1 - betas[1], eps)]
-        words = [np.uint32(w) for w in stochastic.words(key)]
+        words = _words32(key)
         out = np.empty(sum(e.numel for e in batch.entries), dtype=np.int8)
         off = 0
         for e in batch.entries:
@@ -182,9 +187,8 @@ class FusedPath:
     def rebinarised(node_sum, node_size, key):
         from hvdcomp.kernels import votes as kv
         packed = np.empty(packed_nbytes(node_sum.shape[0]), dtype=np.uint8)
-        words = [np.uint32(w) for w in stochastic.words(key)]
         kv.rebinarise_packed(np.ascontiguousarray(node_sum), node_size,
-                             kv.rebinarise_thresholds(node_size), *words, packed)
+                             kv.rebinarise_thresholds(node_size), *_words32(key), packed)
         return packed
 
     @staticmethod

@@ -37,7 +37,7 @@ def vote_total(rows, d, like=None):
     rank), int32; counted on ``like``'s device when ``like`` is a device tensor (the packed rows
     travel there, an eighth of the votes' bytes), else on the host."""
     if xp.is_torch(like) and not like.is_cpu:
-        import torch
+        torch = xp._torch()
         rows = xp.from_host(rows, like)
         total = torch.zeros(d, dtype=torch.int32, device=like.device)
     else:
@@ -50,8 +50,7 @@ def vote_total(rows, d, like=None):
 def majority_step(total, scale):
     """``scale * sign(total)`` as float32 (0 where the vote ties), of ``total``'s kind."""
     if xp.is_torch(total):
-        import torch
-        step = total.sign().to(torch.float32)
+        step = total.sign().to(xp._torch().float32)
     else:
         step = np.sign(total).astype(np.float32)
     step *= float(np.float32(scale))

@@ -33,10 +33,10 @@ from hvdcomp.protocol import BatchedCompressor
 
 
 def heavy_hitters(table, h, k, device=None):
-    """``alg.select(table, h, k, device)``; on the host, the estimates come from the fused kernel
-    (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at most
-    ``MAX_ROWS`` rows)."""
-    if (device is None or str(device) == "cpu") and kernels.mode() == "numba":
+    """``alg.select(table, h, k, device)``; on the host (``device`` None), the estimates come from
+    the fused kernel (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at
+    most ``MAX_ROWS`` rows)."""
+    if device is None and kernels.mode() == "numba":
         from hvdcomp.kernels import sketch as ks
         if h.rows <= ks.MAX_ROWS:
             est = np.empty(h.n, dtype=np.float32)
@@ -96,9 +96,10 @@ class SketchFusion(BatchedCompressor):
 
     def reduce(self, batch, scalars):
         ctx, entries = batch.ctx, batch.entries
-        device = getattr(entries[0].compensated, "device", None)  # a tensor's stays there
+        first = entries[0].compensated
+        device = first.device if xp.is_torch(first) else None  # a device tensor's stays there
         with batch.phase("encode"):
-            fused = xp.concat([e.compensated for e in entries], like=entries[0].compensated)
+            fused = xp.concat([e.compensated for e in entries], like=first)
             k, rows, cols = self.shape_for(fused.shape[0])
             h = hashes(fused.shape[0], rows, cols, self.seed)
             table = xp.to_host(alg.encode(fused, h))

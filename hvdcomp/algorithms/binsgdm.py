@@ -26,7 +26,7 @@ rounding).
 import numpy as np
 
 from hvdcomp.backend.stochastic import stochastic_signs
-from hvdcomp.backend.xp import from_host, is_torch
+from hvdcomp.backend.xp import _torch, from_host, is_torch
 
 VOTE, REBINARISE = 0, 1  # stage tags in the random keys
 
@@ -70,7 +70,7 @@ def mean_vote(total, size, like=None):
     device ``like`` the integer totals travel (a quarter of the result's bytes or less) and the
     division runs there, giving the host's numbers."""
     if is_torch(like) and not like.is_cpu:
-        import torch
+        torch = _torch()
         return (from_host(total, like).to(torch.float64) / size).to(torch.float32)
     out = (np.asarray(total, dtype=np.float64) / size).astype(np.float32)
     return from_host(out, like) if like is not None else out

@@ -235,10 +235,10 @@ class StepBatch:
     ``allreduce_grads`` runs, i.e. outside Horovod's per-tensor ``tf.cond`` branches; every
     gradient's ``decompress`` builds a ``take`` op that has the step op as an input (so it runs
     after it, by data dependency) and returns the gradient's result, times the op factor its own
-    reduced placeholder shows. The
-    take ops are stateless, so Horovod's tf.cond around each placeholder stays stateless and
-    TensorFlow runs the placeholders' allreduces together, as without hvdcomp (a stateful op in
-    each cond would run them one after another, one Horovod cycle each)."""
+    reduced placeholder shows. The take ops are stateless, so Horovod's tf.cond around each
+    placeholder stays stateless and TensorFlow runs the placeholders' allreduces together, as
+    without hvdcomp (a stateful op in each cond would run them one after another, one Horovod
+    cycle each)."""
 
     def __init__(self, compressor, call, process_set):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
