@@ -33,16 +33,36 @@ def add_step_args(ap):
     ap.add_argument("--out", default="")
 
 
-def step_record(rec, timed, first, sent):
+PHASES = ("encode", "comm", "decode")
+
+
+def step_phases(comm, comp):
+    """hvdcomp's seconds per phase (``PHASES``) of the step just taken, each the slowest rank's
+    (collective over ``comm``); None for Horovod's own compressors (no ``last_stats``)."""
+    st = getattr(comp, "last_stats", None)
+    if st is None:
+        return None
+    mine = [st.phases.get(k, 0.0) for k in PHASES]
+    return {k: max(v) for k, v in zip(PHASES, zip(*comm.allgather(mine)))}
+
+
+def step_record(rec, timed, first, sent, phases=()):
     """``rec`` (kind, framework, api, model, label, ranks, hosts, method, status, params,
     tensors, compute_seconds) completed with the step figures: ``timed`` (the timed steps'
     slowest-rank seconds), ``first`` (the first step's), ``sent`` (hvdcomp's bytes sent per rank
-    per timed step; empty for Horovod, then the nominal ring volume)."""
+    per timed step; empty for Horovod, then the nominal ring volume), ``phases`` (hvdcomp's
+    ``step_phases`` of the timed steps; empty for Horovod). With phases, ``rec`` gets the median
+    of each phase and ``rest``: the median step minus their sum (forward, backward, the optimizer,
+    Horovod's own work)."""
     rec["steps"] = len(timed)
     if rec["status"] != "ok":
         return rec
     rec["seconds"], rec["first_seconds"] = statistics.median(timed), first
     rec["spread"] = [min(timed), max(timed)]
+    if phases:
+        for k in PHASES:
+            rec[k] = statistics.median(p[k] for p in phases)
+        rec["rest"] = max(rec["seconds"] - sum(rec[k] for k in PHASES), 0.0)
     if sent:
         rec["bytes_per_rank"], rec["bytes_kind"] = statistics.median(sent), "measured"
     else:
@@ -56,9 +76,11 @@ def report_step(out, rec, what):
     """Print ``rec`` as one line (``what``: e.g. 'train', 'tf-tape') and append it to ``out``
     (an open file, or None)."""
     status = rec["status"]
+    ph = (" (" + ", ".join(f"{k} {rec[k] * 1e3:.0f}" for k in (*PHASES, "rest")) + ")"
+          if status == "ok" and "rest" in rec else "")
     print(f"{rec['label']:>8} {what} {rec['method']:<13} "
           + (f"{rec['seconds'] * 1e3:9.1f} ms/step (first step {rec['first_seconds'] * 1e3:.0f} ms)"
-             if status == "ok" else status[:200]), flush=True)
+             + ph if status == "ok" else status[:200]), flush=True)
     if out:
         out.write(json.dumps(rec) + "\n")
         out.flush()

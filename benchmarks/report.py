@@ -1,6 +1,8 @@
 """Turn the records of ``allreduce_bench.py`` (JSON lines) into a Markdown table, a CSV and a PNG.
 
     python benchmarks/report.py results/bench-XXXX        (reads raw.jsonl and netprobe.jsonl)
+    python benchmarks/report.py --train results/train-matrix-XXXX   (train_matrix.sh's
+        train.jsonl: writes train_matrix.md and train_matrix.png)
     python benchmarks/report.py --tf-vs-torch results/tf-vs-torch-XXXX   (tf_vs_torch.sh's
         train.jsonl: writes tf_vs_torch.md and tf_vs_torch.png)
 
@@ -111,31 +113,106 @@ def markdown(rows, probes):
     return "\n".join(out)
 
 
+MODEL_TITLES = {"mlp": "2-layer MLP", "mlp48": "48-tensor MLP", "transformer": "transformer LM"}
+
+
+def _train_base(records):
+    """{(label, model, method): record} of the ok PyTorch optimizer records."""
+    return {(r["label"], r.get("model", "transformer"), r["method"]): r for r in records
+            if r["status"] == "ok" and r.get("framework", "torch") == "torch"}
+
+
+def _train_x(base, r, ref):
+    b = base.get((r["label"], r.get("model", "transformer"), f"hvd-{ref}"))
+    return b["seconds"] / r["seconds"] if b else None
+
+
 def train_markdown(records):
-    """The per-step training table of ``train_step_bench.py`` records, one block per link."""
-    out = ["## Training step of a communication-heavy model (train_step_bench.py)", ""]
-    first = next((r for r in records if r["status"] == "ok"), None)
-    if first:
-        out.append(f"torch.nn.TransformerEncoder LM, {first['params'] / 1e6:.1f}M parameters in "
-                   f"{first['tensors']} tensors, {first['ranks']} ranks on {first['hosts']} hosts; "
-                   "stock hvd.DistributedOptimizer; median of the slowest rank's step time.")
-        out.append("")
-    out.append("| link | method | ms / step | compute ms (no Horovod) | MB sent / rank / step | "
-               "x vs fp32 | x vs fp16 |")
-    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    base = {(r["label"], r["method"]): r for r in records if r["status"] == "ok"}
-    for r in sorted(records, key=lambda r: (rate_key(r["label"]), ORDER.index(r["method"])
-                                            if r["method"] in ORDER else 99)):
-        if r["status"] != "ok":
-            out.append(f"| {r['label']} | {r['method']} | {r['status'][:80]} | | | | |")
-            continue
-        x = {ref: (base[(r["label"], f"hvd-{ref}")]["seconds"] / r["seconds"]
-                   if (r["label"], f"hvd-{ref}") in base else None) for ref in ("fp32", "fp16")}
-        star = "*" if r.get("bytes_kind") == "nominal ring" else ""
-        out.append(f"| {r['label']} | {r['method']} | {r['seconds'] * 1e3:.0f} | "
-                   f"{r['compute_seconds'] * 1e3:.0f} | {r['bytes_per_rank'] / 1e6:.2f}{star} | "
-                   f"{f(x['fp32'], '.2f')} | {f(x['fp16'], '.2f')} |")
+    """The training-step tables of ``train_step_bench.py`` records (PyTorch, stock
+    ``hvd.DistributedOptimizer``): one per (model, link), every method with its step time,
+    spread, first step, hvdcomp's phases, bytes sent and speedups over Horovod fp32/fp16 of the
+    same job."""
+    records = [r for r in records if r.get("framework", "torch") == "torch"]
+    base = _train_base(records)
+    out = ["## Training step through the stock hvd.DistributedOptimizer (train_step_bench.py)", "",
+           "ms / step: median of the slowest rank's step (zero_grad + forward + backward + step), "
+           "min-max in brackets; first: the first step of a fresh optimizer; encode / comm / "
+           "decode: hvdcomp's `last_stats.phases` (median over the timed steps of the slowest "
+           "rank's), rest: the step minus those (forward, backward, optimizer, Horovod's own "
+           "work); MB: sent per rank per step (hvdcomp's counters; * = Horovod's nominal ring "
+           "volume); x32 / x16: Horovod fp32's / fp16's step time of the same job over the "
+           "method's (>1: faster)."]
+    keys = sorted({(r.get("model", "transformer"), r["label"]) for r in records},
+                  key=lambda k: (k[0], rate_key(k[1])))
+    for model, label in keys:
+        rows = sorted((r for r in records if (r.get("model", "transformer"), r["label"])
+                       == (model, label)),
+                      key=lambda r: ORDER.index(r["method"]) if r["method"] in ORDER else 99)
+        some = next((r for r in rows if r["status"] == "ok"), rows[0])
+        out += ["", f"### {label}, {MODEL_TITLES.get(model, model)}: "
+                    f"{some.get('params', 0) / 1e6:.1f}M parameters in {some.get('tensors')} "
+                    f"tensors, {some['ranks']} ranks on {some['hosts']} hosts, compute alone "
+                    f"(forward + backward, no Horovod) {some.get('compute_seconds', 0) * 1e3:.0f} ms",
+                "", "| method | ms / step | first | encode | comm | decode | rest | MB | x32 | x16 |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            if r["status"] != "ok":
+                out.append(f"| {r['method']} | {r['status'][:80]} |" + " |" * 8)
+                continue
+            lo, hi = r.get("spread", [r["seconds"]] * 2)
+            ph = [f(r[k] * 1e3, ".0f") if k in r else "" for k in ("encode", "comm", "decode",
+                                                                  "rest")]
+            star = "*" if r.get("bytes_kind") == "nominal ring" else ""
+            out.append(f"| {r['method']} | {r['seconds'] * 1e3:.0f} ({lo * 1e3:.0f}-"
+                       f"{hi * 1e3:.0f}) | {r['first_seconds'] * 1e3:.0f} | " + " | ".join(ph)
+                       + f" | {r['bytes_per_rank'] / 1e6:.2f}{star} | "
+                       f"{f(_train_x(base, r, 'fp32'), '.2f')} | "
+                       f"{f(_train_x(base, r, 'fp16'), '.2f')} |")
     return "\n".join(out)
+
+
+def train_summary(records):
+    """One table: every method's speedup over Horovod fp32 (and fp16) per (model, link)."""
+    base = _train_base(records)
+    cols = sorted({(k[1], k[0]) for k in base}, key=lambda k: (k[0], rate_key(k[1])))
+    methods = sorted({k[2] for k in base}, key=lambda m: ORDER.index(m) if m in ORDER else 99)
+    out = ["Speedup of the training step over Horovod fp32 / fp16 of the same job (>1: faster).",
+           "", "| method | " + " | ".join(f"{MODEL_TITLES.get(m, m)} {label}" for m, label in cols)
+           + " |", "| --- |" + " ---: |" * len(cols)]
+    for m in (m for m in methods if m != "hvd-fp32"):
+        cells = []
+        for model, label in cols:
+            r = base.get((label, model, m))
+            cells.append("" if r is None else f"{f(_train_x(base, r, 'fp32'), '.2f')} / "
+                                              f"{f(_train_x(base, r, 'fp16'), '.2f')}")
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def train_plot(records, path):
+    """Speedup over Horovod fp32 against the link rate, one panel per model, a line per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    base = _train_base(records)
+    models = sorted({k[1] for k in base})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for m in ORDER[1:]:
+            pts = sorted((rate_key(k[0]), _train_x(base, r, "fp32")) for k, r in base.items()
+                         if k[1] == model and k[2] == m)
+            pts = [p for p in pts if p[1] is not None]
+            if pts:
+                ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.axhline(1.0, color="k", lw=1)
+        ax.set_xscale("log"), ax.set_yscale("log")
+        ax.set_xlabel("link (Mbit/s)"), ax.set_ylabel("speedup over Horovod fp32 (log)")
+        ax.set_title(f"{MODEL_TITLES.get(model, model)}: training step")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("2 hosts x 2 ranks, emulated links: stock hvd.DistributedOptimizer step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def plot(rows, path):
@@ -261,6 +338,15 @@ def tf_vs_torch_plot(records, path):
 
 
 def main():
+    if sys.argv[1] == "--train":
+        folder = sys.argv[2]
+        records = load(os.path.join(folder, "train.jsonl"))
+        md = train_summary(records) + "\n\n" + train_markdown(records)
+        with open(os.path.join(folder, "train_matrix.md"), "w") as fh:
+            fh.write(md + "\n")
+        train_plot(records, os.path.join(folder, "train_matrix.png"))
+        print(md)
+        return
     if sys.argv[1] == "--tf-vs-torch":
         folder = sys.argv[2]
         records = load(os.path.join(folder, "train.jsonl"))

@@ -36,7 +36,7 @@ from mpi4py import MPI  # noqa: E402  before Horovod: THREAD_MULTIPLE (see DESIG
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from methods import add_step_args, make_compression, report_step, step_record  # noqa: E402
+from methods import add_step_args, make_compression, report_step, step_phases, step_record  # noqa: E402
 BATCH = 4
 MODELS = {"mlp": (5000, [2500, 5000]), "mlp48": (1024, [1024] * 24)}  # input width, layer widths
 
@@ -125,7 +125,7 @@ def main():
     out = open(args.out, "a") if (args.out and rank == 0) else None
     run = tape_steps if args.api == "tape" else keras_steps
     for method in args.methods.split(","):
-        status, times, sent = "ok", [], []
+        status, times, sent, phases = "ok", [], [], []
         try:
             comp = make_compression(method, hvd)
             model = make_model(args.model)
@@ -134,6 +134,7 @@ def main():
             st = getattr(comp, "last_stats", None)
             if st is not None:
                 sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)
+                phases.append(step_phases(comm, comp))  # the last step's only
         except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
             status = f"error: {type(exc).__name__}: {exc}"
         comm.Barrier()
@@ -141,7 +142,7 @@ def main():
             {"kind": "train", "framework": "tensorflow", "api": args.api, "model": args.model,
              "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
              "status": status, "params": params, "tensors": tensors, "compute_seconds": compute},
-            times[args.warmup:], times[0] if times else None, sent)
+            times[args.warmup:], times[0] if times else None, sent, phases)
         if rank == 0:
             report_step(out, rec, f"tf-{args.api}")
     if out:

@@ -22,7 +22,9 @@ took longer than ``--max-seconds / steps``), each after a barrier; a step's time
 rank's (zero_grad + forward + backward + step). Also measured once, with no Horovod in the loop:
 the forward + backward time alone (``compute``). Rank 0 appends one JSON object per method to
 ``--out`` (``kind: "train"``): median step seconds, the first (warm-up) step's seconds, compute seconds, parameters, tensors, and
-hvdcomp's mean bytes sent per rank per step (Horovod: the nominal ring volume).
+hvdcomp's mean bytes sent per rank per step (Horovod: the nominal ring volume), and for hvdcomp the
+median per-phase seconds of its ``last_stats`` (encode / comm / decode, slowest rank) and the rest
+of the step. ``train_matrix.sh`` runs it over link rates and models.
 """
 import argparse
 import time
@@ -32,7 +34,7 @@ from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 import torch
 import horovod.torch as hvd
 
-from methods import add_step_args, make_compression, report_step, step_record  # this folder
+from methods import add_step_args, make_compression, report_step, step_phases, step_record  # this folder
 
 VOCAB, D_MODEL, SEQ, BATCH, WIDTH48 = 5000, 512, 32, 4, 1024
 
@@ -133,7 +135,7 @@ def main():
 
     out = open(args.out, "a") if (args.out and rank == 0) else None
     for method in args.methods.split(","):
-        status, times, sent, first = "ok", [], [], None
+        status, times, sent, phases, first = "ok", [], [], [], None
         try:
             comp = make_compression(method, hvd)
             torch.manual_seed(0)
@@ -156,6 +158,7 @@ def main():
                     st = getattr(comp, "last_stats", None)
                     if st is not None:
                         sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)
+                        phases.append(step_phases(comm, comp))
                 if i >= args.warmup + steps - 1:
                     break
         except Exception as exc:  # noqa: BLE001 - reported, the other methods still run
@@ -165,7 +168,7 @@ def main():
             {"kind": "train", "framework": "torch", "api": "optimizer", "model": args.model,
              "label": args.label, "ranks": size, "hosts": hvd.cross_size(), "method": method,
              "status": status, "params": params, "tensors": tensors, "compute_seconds": compute},
-            times, first, sent)
+            times, first, sent, phases)
         if rank == 0:
             report_step(out, rec, "train")
     if out:
