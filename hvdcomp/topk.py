@@ -67,17 +67,18 @@ def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
     idx, val = np.asarray(sent[0]), np.ascontiguousarray(sent[1])
     wire = (idx.astype(idt), val)
     rule_ks = list(ks) if bidirectional else None
+    sum_pair, won = set_ops(val)
     if path == "allgather":
         g = alg.global_selection(allgather_sets(ctx, wire), bounds, rule_ks)
     elif path == "tree":
-        merge = alg.TopKMerge(bounds, rule_ks)
+        merge = alg.TopKMerge(bounds, rule_ks, sum_pair)
         root_set = tree_reduce(ctx, wire, merge)
         if root_set is not None:  # the rule also holds where no merge ran (a single rank)
             root_set = merge(root_set, (wire[0][:0], val[:0]))
         if bidirectional:
             (gidx,) = tree_broadcast(ctx, None if root_set is None else [root_set[0]], [idt])
             sums = np.zeros(gidx.size, dtype=val.dtype)
-            hit = alg.won(wire[0], gidx)
+            hit = won(wire[0], gidx)
             sums[np.searchsorted(gidx, wire[0][hit])] = val[hit]
             g = (gidx, ring_allreduce(ctx, sums))
         else:
@@ -85,6 +86,16 @@ def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
     else:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     return np.asarray(g[0], dtype=np.int64), g[1]
+
+
+def set_ops(values):
+    """``(sum_pair, won)`` for sparse sets whose values are like ``values``: the kernels' linear
+    merges (``hvdcomp.kernels.topk``) for host float arrays when the kernels are on, else the
+    reference's ``alg.sum_sets`` of the pair and ``alg.won``. The same results either way."""
+    if kernels.active(values):
+        from hvdcomp.kernels import topk as fused
+        return fused.sum_pair, fused.won
+    return (lambda a, b: alg.sum_sets([a, b])), alg.won
 
 
 def compensate_and_select(batch, entry, k, selection, seed):
@@ -155,7 +166,8 @@ class TopK(BatchedCompressor):
                                   self.bidirectional)
         out = []
         with batch.phase("decode"):
-            won = alg.won(idx, gidx) if self.bidirectional else np.ones(idx.size, dtype=bool)
+            won = (set_ops(val)[1](idx, gidx) if self.bidirectional
+                   else np.ones(idx.size, dtype=bool))
             cut_g, cut_s = np.searchsorted(gidx, bounds), np.searchsorted(idx, bounds)
             for t, e in enumerate(entries):
                 off, a = bounds[t], e.compensated

@@ -14,6 +14,7 @@ from hvdcomp.efsignsgd import majority_step, own_error, vote_total
 
 pytest.importorskip("numba")
 from hvdcomp.kernels import signs  # noqa: E402
+from hvdcomp.kernels import topk as fused_topk  # noqa: E402
 from hvdcomp.kernels.topk import SumSource  # noqa: E402
 
 LENGTHS = [0, 1, 7, 8, 9, 127, 128, 129, 1000, 8191, 8192, 8193, 100_003]
@@ -143,6 +144,31 @@ def test_topk_sum_source_selects_what_the_reference_selects(kind, n, k, method):
     first = sel.select_topk(SumSource(g, None, None, 1), k, method, seed=11)  # no memory yet
     ref = sel.select_topk(g, k, method, seed=11)
     assert _same(first[0], ref[0]) and _same(first[1], ref[1])
+
+
+@pytest.mark.parametrize("idt", [np.int32, np.int64])
+@pytest.mark.parametrize("vdt", [np.float32, np.float64])
+@pytest.mark.parametrize("na,nb,shared", [(0, 0, 0), (0, 40, 0), (40, 0, 0), (5000, 3000, 1000),
+                                          (3000, 3000, 3000), (1, 1, 1)])
+def test_topk_set_merges_match_the_reference(idt, vdt, na, nb, shared):
+    """The exchange's pair sum and ``won``: the reference's indices, values (a + b at shared
+    indices, bit for bit) and masks, including empty and identical sets."""
+    from hvdcomp.algorithms import topk as talg
+    rng = np.random.default_rng(na + nb + shared)
+    pool = rng.permutation(50 * (na + nb) + 2)
+    ai = np.sort(pool[:na]).astype(idt)
+    bi = np.sort(np.concatenate([pool[na:na + nb - shared], rng.choice(ai, shared, False)
+                                 if shared else pool[:0]])).astype(idt)
+    a = (ai, rng.standard_normal(ai.size).astype(vdt))
+    b = (bi, rng.standard_normal(bi.size).astype(vdt))
+    want, got = talg.sum_sets([a, b]), fused_topk.sum_pair(a, b)
+    assert _same(got[0], want[0]) and _same(got[1], want[1])
+    for x, y in ((ai, bi), (bi, ai), (ai, ai)):
+        assert np.array_equal(fused_topk.won(x, y), talg.won(x, y))
+    bounds, ks = [0, pool.size // 2, pool.size], [max(1, na // 3), 7]
+    merged = talg.TopKMerge(bounds, ks, fused_topk.sum_pair)(a, b)
+    ref = talg.TopKMerge(bounds, ks)(a, b)
+    assert _same(merged[0], ref[0]) and _same(merged[1], ref[1])
 
 
 def test_switch(monkeypatch):

@@ -228,8 +228,8 @@ def test_compressor_conserves_mass_and_resumes(ranks):
 
 
 def test_won_and_keep_topk_match_numpys_set_functions():
-    """``won`` (a sorted search) is ``np.isin``; ``keep_topk``'s union of the strictly larger
-    and the tied positions is ``np.union1d``'s (both are sorted merges of disjoint sets)."""
+    """``won`` (a sorted search) is ``np.isin``; ``keep_topk`` keeps the k largest |values| per
+    tensor, ties by smaller index (a brute-force lexsort)."""
     rng = np.random.default_rng(11)
     for n in (0, 1, 50, 5000):
         sent = np.unique(rng.integers(0, 10 * n + 1, n)).astype(np.int64)

@@ -1,4 +1,5 @@
-"""TopK's compensation fused with the selection's threshold scan (numba), for host arrays.
+"""TopK's compensation fused with the selection's threshold scan, and the sorted-set merges of
+its exchange (numba), for host arrays.
 
 ``SumSource(g, e, out)`` is a ``hvdcomp.backend.topk.Source`` for ``x = g + e`` that never
 makes a pass of its own for the sum: the sample is read as ``g[pos] + e[pos]`` (the same float
@@ -9,6 +10,11 @@ run unchanged on it, so the selected indices and values are the reference's exac
 Arrays: ``g``, ``e``, ``out`` 1-D, C-contiguous, one float dtype (float32/float64), length n;
 ``e`` and ``out`` None on the first step (then x is ``g`` itself: nothing to fuse, the
 reference scan runs).
+
+``sum_pair(a, b)`` and ``won(sent, winners)`` are ``hvdcomp.algorithms.topk.sum_sets([a, b])``
+and ``won`` for ascending index sets, by one linear two-pointer pass instead of a sort and a
+binary search per element: the same indices, and the same values bit for bit (equal indices are
+summed as ``a + b``, as the reference's ``np.add.reduceat`` of its stable sort does).
 """
 import numba
 import numpy as np
@@ -39,6 +45,65 @@ def _sum_scan(g, e, out, threshold, found):
         found[min(count, last)] = i
         count += abs(v) >= threshold
     return count
+
+
+@numba.njit(**_JIT)
+def _merge_sum(ai, av, bi, bv, oi, ov):
+    """Writes the union of ascending ``ai`` and ``bi`` into ``oi`` and the values into ``ov``
+    (``av + bv`` at shared indices); returns the count."""
+    i = j = n = 0
+    while i < ai.shape[0] and j < bi.shape[0]:
+        if ai[i] < bi[j]:
+            oi[n], ov[n] = ai[i], av[i]
+            i += 1
+        elif bi[j] < ai[i]:
+            oi[n], ov[n] = bi[j], bv[j]
+            j += 1
+        else:
+            oi[n], ov[n] = ai[i], av[i] + bv[j]
+            i += 1
+            j += 1
+        n += 1
+    while i < ai.shape[0]:
+        oi[n], ov[n] = ai[i], av[i]
+        i += 1
+        n += 1
+    while j < bi.shape[0]:
+        oi[n], ov[n] = bi[j], bv[j]
+        j += 1
+        n += 1
+    return n
+
+
+def sum_pair(a, b):
+    """``sum_sets([a, b])`` of two sparse sets ``(ascending indices, values)`` of one index dtype
+    and one value dtype (module docstring)."""
+    (ai, av), (bi, bv) = a, b
+    if bi.size == 0:
+        return ai, av
+    if ai.size == 0:
+        return bi, bv
+    oi = np.empty(ai.size + bi.size, dtype=ai.dtype)
+    ov = np.empty(oi.size, dtype=av.dtype)
+    n = _merge_sum(ai, av, bi, bv, oi, ov)
+    return oi[:n], ov[:n]
+
+
+@numba.njit(**_JIT)
+def _won(sent, winners, hit):
+    j = 0
+    for i in range(sent.shape[0]):
+        while j < winners.shape[0] and winners[j] < sent[i]:
+            j += 1
+        hit[i] = j < winners.shape[0] and winners[j] == sent[i]
+
+
+def won(sent, winners):
+    """Boolean mask over ``sent`` (ascending): True where the index is in ``winners``
+    (ascending, the same dtype)."""
+    hit = np.empty(sent.size, dtype=np.bool_)
+    _won(sent, winners.astype(sent.dtype, copy=False), hit)
+    return hit
 
 
 class SumSource(Source):
@@ -77,4 +142,8 @@ def warm(dtype):
     g, e, out = (np.ones(16, dtype) for _ in range(3))
     SumSource(g, e, out, 4).above(1.0)
     SumSource(g, None, out, 4).above(1.0)
+    for idt in (np.int32, np.int64):  # the wire's index dtypes (int64 beyond 2**31 elements)
+        idx = np.arange(4, dtype=idt)
+        sum_pair((idx, g[:4]), (idx + 2, g[:4]))
+        won(idx, idx[1:])
 
