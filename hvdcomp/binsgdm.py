@@ -177,7 +177,7 @@ class FusedPath:
         off = 0
         for e in batch.entries:
             m, v = batch.store.get(e.key) or (None, None)
-            e.moments = (np.empty_like(e.work), np.empty_like(e.work))
+            e.moments = tuple(batch.store.spare(e.key, e.work, part) for part in (0, 1))
             kv.moments_votes(e.work, m, v, *consts, *words, off, *e.moments,
                              batch.store.scratch(e.key + PROBABILITIES, e.work), out)
             off += e.numel
@@ -202,5 +202,5 @@ class FusedPath:
     def mean(total, size, like=None):
         from hvdcomp.kernels import votes as kv
         out = np.empty(total.shape[0], dtype=np.float32)
-        kv.mean_vote(np.ascontiguousarray(total), kv.mean_table(size), out)
+        kv.mean_vote(np.ascontiguousarray(total), size, out)
         return out

@@ -6,12 +6,12 @@ arrays (NumPy, or torch tensors on the gradient's device) or tuples of arrays an
 
 Whole steps are transactions: a step ``put``s new values, which ``get`` does not see until
 ``commit()``; ``rollback()`` drops them, so a step that raises (NaN, rank mismatch) or is
-skipped leaves the state exactly as before, at no cost (nothing is copied). A value replaced at
-``commit()`` is not freed but kept as that key's *spare*: ``spare(key, like)`` hands it out as
-the buffer to write the next step's value into, so a steady-state step writes its new state into
-buffers kept across steps instead of allocating (the committed value is never handed out as a
-spare, so a rollback still finds it intact). ``scratch(key, like)`` is a work buffer that is not
-state at all (never saved).
+skipped leaves the state exactly as before, at no cost (nothing is copied). For keys whose new
+values are written into spares, a value replaced at ``commit()`` is not freed but kept as that
+key's *spare*: ``spare(key, like)`` hands it out as the buffer to write the next step's value
+into, so a steady-state step writes its new state into buffers kept across steps instead of
+allocating (the committed value is never handed out as a spare, so a rollback still finds it
+intact). ``scratch(key, like)`` is a work buffer that is not state at all (never saved).
 
 Checkpoints (``hvdcomp.protocol.BatchedCompressor.state_dict``), format 2::
 
@@ -36,6 +36,7 @@ class StateStore:
         self._committed = {}
         self._staged = {}
         self._spares = {}
+        self._spare_keys = set()  # keys whose values are written into spares: theirs are kept
         self._scratch = {}
 
     def get(self, key, like=None):
@@ -53,10 +54,20 @@ class StateStore:
         """Stage ``value`` as ``key``'s new state; visible to ``get`` after ``commit()``."""
         self._staged[key] = value
 
-    def spare(self, key, like):
+    def spare(self, key, like, part=None):
         """A buffer shaped, typed and placed like ``like`` that holds no live state: the array
-        ``key`` held before its last commit when it fits, else a new one. Contents: garbage."""
-        buf = self._spares.pop(key, None)
+        ``key`` held before its last commit (``part``: array ``part`` of a tuple value, e.g.
+        BinSGDM's ``(m, v)``) when it fits, else a new one. Contents: garbage. Each spare is
+        handed out once. From the first call on, the values ``key`` replaces at ``commit()`` are
+        kept as its spares (others are dropped: nobody would reuse them)."""
+        self._spare_keys.add(key)
+        if part is None:
+            buf = self._spares.pop(key, None)
+        else:
+            old = self._spares.get(key)
+            buf = old[part] if isinstance(old, tuple) and part < len(old) else None
+            if buf is not None:
+                self._spares[key] = old[:part] + (None,) + old[part + 1:]
         return buf if _fits(buf, like) else xp.empty_like(like)
 
     def scratch(self, key, like):
@@ -78,7 +89,7 @@ class StateStore:
         """Make the staged values the state; replaced arrays become spares."""
         for key, value in self._staged.items():
             old = self._committed.get(key)
-            if old is not None and not isinstance(old, tuple) and old is not value:
+            if old is not None and key in self._spare_keys and not _shared(old, value):
                 self._spares[key] = old
             self._committed[key] = value
         self._staged = {}
@@ -92,6 +103,8 @@ class StateStore:
         for table in (self._committed, self._staged, self._spares, self._scratch):
             for key in [k for k in table if k == name or k.startswith(name + "#")]:
                 del table[key]
+        self._spare_keys = {k for k in self._spare_keys
+                            if not (k == name or k.startswith(name + "#"))}
 
     @property
     def pending(self):
@@ -154,6 +167,14 @@ def _host_copy(value):
     if isinstance(value, tuple):
         return tuple(np.array(xp.to_host(v), copy=True) for v in value)
     return np.array(xp.to_host(value), copy=True)
+
+
+def _shared(old, new):
+    """True when ``old`` and ``new`` (arrays or tuples) have an array in common, which then must
+    not become a spare."""
+    olds = old if isinstance(old, tuple) else (old,)
+    news = new if isinstance(new, tuple) else (new,)
+    return any(a is b for a in olds for b in news)
 
 
 def _fits(buf, like):

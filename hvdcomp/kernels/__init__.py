@@ -41,6 +41,11 @@ import os
 import numpy as np
 
 ENV = "HVDCOMP_KERNELS"
+# numba.njit options of every kernel: compiled once and cached on disk, the GIL released, and
+# NumPy's error model: a float division by zero gives inf/nan as NumPy's does (numba's default,
+# Python's, raises, and its check keeps LLVM from vectorising a loop that divides: BinSGDM's
+# moments ran 2.7x slower with it)
+JIT_OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 MODES = ("numba", "numpy")
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 

@@ -20,9 +20,9 @@ import math
 import numba
 import numpy as np
 
+from hvdcomp.kernels import JIT_OPTIONS as _JIT
 from hvdcomp.kernels.simd import compensate8, decode8, decode8_local
 
-_JIT = dict(cache=True, nogil=True)
 LEAF = 128  # NumPy's PW_BLOCKSIZE: pairwise leaves hold at most this many elements
 VOTE_BLOCK = 4096  # elements per block of vote_decode (their counts stay in L1)
 DEPTH = 64  # stack depth of the pairwise traversal (a block of 2**k elements needs k - 5)

@@ -15,8 +15,9 @@ chunks); ``out`` float32 of length n.
 import numba
 import numpy as np
 
+from hvdcomp.kernels import JIT_OPTIONS as _JIT
+
 MAX_ROWS = 9
-_JIT = dict(cache=True, nogil=True)
 
 
 @numba.njit(inline="always", **_JIT)

@@ -20,9 +20,8 @@ import numba
 import numpy as np
 
 from hvdcomp.backend.topk import Source, _above
+from hvdcomp.kernels import JIT_OPTIONS as _JIT
 from hvdcomp.kernels.simd import sum_above8
-
-_JIT = dict(cache=True, nogil=True)
 
 
 @numba.njit(**_JIT)

@@ -16,7 +16,8 @@ Outputs go to the buffers the caller gives.
 import numba
 import numpy as np
 
-_JIT = dict(cache=True, nogil=True)
+from hvdcomp.kernels import JIT_OPTIONS as _JIT
+
 _SCALE = np.float32(1 << 24)
 
 
@@ -101,17 +102,12 @@ def node_totals(messages, n, node_size, out):
         out[i] = (2 * ones - nodes) * node_size
 
 
-def mean_table(size):
-    """``float32(float64(t) / size)`` for every total t in [-size, size] (index t + size)."""
-    return (np.arange(-size, size + 1, dtype=np.float64) / size).astype(np.float32)
-
-
 @numba.njit(**_JIT)
-def mean_vote(total, table, out):
-    """``out[i] = float32(float64(total[i]) / size)``, read from ``table = mean_table(size)``."""
-    bound = (table.shape[0] - 1) // 2
+def mean_vote(total, size, out):
+    """``out[i] = float32(float64(total[i]) / size)``: the reference's operations (vectorised)."""
+    divisor = np.float64(size)
     for i in range(total.shape[0]):
-        out[i] = table[np.int64(total[i]) + bound]
+        out[i] = np.float32(np.float64(total[i]) / divisor)
 
 
 def warm(dtype):
@@ -123,4 +119,4 @@ def warm(dtype):
         moments_votes(g, m, m, c, c, c, c, c, w, w, 0, g.copy(), g.copy(), g.copy(), votes)
     rebinarise_packed(votes, 2, rebinarise_thresholds(2), w, w, np.zeros(2, np.uint8))
     node_totals(np.zeros((2, 2), np.uint8), 16, 2, votes)
-    mean_vote(votes, mean_table(2), np.zeros(16, np.float32))
+    mean_vote(votes, 2, np.zeros(16, np.float32))
