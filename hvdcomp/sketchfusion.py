@@ -32,18 +32,24 @@ from hvdcomp.comm import ring_allreduce
 from hvdcomp.protocol import BatchedCompressor
 
 
-def heavy_hitters(table, h, k, device=None):
+def heavy_hitters(table, h, k, device=None, scratch=None):
     """``alg.select(table, h, k, device)``; on the host (``device`` None), the estimates come from
     the fused kernel (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at
-    most ``MAX_ROWS`` rows)."""
+    most ``MAX_ROWS`` rows), into ``scratch`` (a host float32 buffer of ``h.n`` elements kept
+    across steps, or None: a new one), and the exact top-k's threshold scan is the kernels'
+    (``hvdcomp.kernels.topk``)."""
     if device is None and kernels.mode() == "numba":
         from hvdcomp.kernels import sketch as ks
+        from hvdcomp.kernels.topk import SumSource
         if h.rows <= ks.MAX_ROWS:
-            est = np.empty(h.n, dtype=np.float32)
+            est = np.empty(h.n, dtype=np.float32) if scratch is None else scratch
             ks.unsketch(np.ascontiguousarray(table, dtype=np.float32).reshape(h.rows, h.cols),
                         h.offsets, h.chunk_signs, h.n, est)
-            return topk_exact(est, k)
+            return topk_exact(SumSource(est, None, None, capacity=2 * k + 64), k)
     return alg.select(table, h, k, device)
+
+
+ESTIMATES = "#estimates"  # the store's scratch key of the step's unsketched estimates
 
 
 class SketchFusion(BatchedCompressor):
@@ -106,7 +112,9 @@ class SketchFusion(BatchedCompressor):
         with batch.phase("comm"):
             ring_allreduce(ctx, table)
         with batch.phase("decode"):
-            idx, sums = heavy_hitters(table, h, k, device)
+            scratch = (None if device is not None else
+                       batch.store.scratch_bytes(ESTIMATES, 4 * h.n).view(np.float32))
+            idx, sums = heavy_hitters(table, h, k, device, scratch)
         if self.exact:
             with batch.phase("comm"):
                 sums = ring_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),

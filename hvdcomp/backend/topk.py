@@ -83,8 +83,15 @@ def _exact_indices(mag, k):
 
 
 def _exact_among(x, idx, k):
-    """(ascending indices, values) of the k largest magnitudes among the candidates ``idx``."""
-    return _sorted_pick(x, idx[_exact_indices(_magnitude(x[idx]), k)])
+    """(ascending indices, values) of the k largest magnitudes among the candidates ``idx``
+    (ascending, as ``Source.above`` gives them)."""
+    chosen = _exact_indices(_magnitude(x[idx]), k)
+    if is_torch(x):
+        return _sorted_pick(x, idx[chosen])
+    keep = np.zeros(idx.shape[0], dtype=bool)  # a mask keeps idx's order: no sort needed
+    keep[chosen] = True
+    picked = idx[keep]
+    return picked, x[picked]
 
 
 def _sampled_magnitudes(x, m, seed):

@@ -59,13 +59,17 @@ def compensate8(typingctx, g, e, p, acc, i):
 
 @intrinsic
 def sum_above8(typingctx, g, e, out, i, threshold):
-    """``out[i:i+8] = g[i:i+8] + e[i:i+8]``; returns the uint8 mask of the lanes with
-    ``|out| >= threshold`` (bit k for lane k; ``threshold`` a scalar of the arrays' dtype)."""
+    """``v = g[i:i+8] + e[i:i+8]`` (``g`` alone when ``e`` is None), stored to ``out[i:i+8]``
+    (unless ``out`` is None); returns the uint8 mask of the lanes with ``|v| >= threshold``
+    (bit k for lane k; ``threshold`` a scalar of the arrays' dtype)."""
     def codegen(context, builder, sig, args):
         gt, et, ot = sig.args[:3]
-        v = builder.fadd(builder.load(_vector(context, builder, gt, args[0], args[3]), align=1),
-                         builder.load(_vector(context, builder, et, args[1], args[3]), align=1))
-        builder.store(v, _vector(context, builder, ot, args[2], args[3]), align=1)
+        v = builder.load(_vector(context, builder, gt, args[0], args[3]), align=1)
+        if not isinstance(et, types.NoneType):
+            v = builder.fadd(v, builder.load(_vector(context, builder, et, args[1], args[3]),
+                                             align=1))
+        if not isinstance(ot, types.NoneType):
+            builder.store(v, _vector(context, builder, ot, args[2], args[3]), align=1)
         ivt, width = _int_vector(v)
         mag = builder.bitcast(builder.and_(builder.bitcast(v, ivt),
                                            ir.Constant(ivt, [(1 << width - 1) - 1] * LANES)), v.type)

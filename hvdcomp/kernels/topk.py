@@ -8,8 +8,8 @@ it compares, one pass over ``g``, ``e`` and ``out``. The selectors of ``hvdcomp.
 run unchanged on it, so the selected indices and values are the reference's exactly.
 
 Arrays: ``g``, ``e``, ``out`` 1-D, C-contiguous, one float dtype (float32/float64), length n;
-``e`` and ``out`` None on the first step (then x is ``g`` itself: nothing to fuse, the
-reference scan runs).
+``e`` and ``out`` None on the first step, or for a vector that is complete (SketchFusion's
+estimates): then x is ``g`` itself and every scan is the 8-lane threshold scan alone.
 
 ``sum_pair(a, b)`` and ``won(sent, winners)`` are ``hvdcomp.algorithms.topk.sum_sets([a, b])``
 and ``won`` for ascending index sets, by one linear two-pointer pass instead of a sort and a
@@ -29,7 +29,8 @@ def _sum_scan(g, e, out, threshold, found):
     """Writes ``out = g + e`` and the ascending indices with ``|x| >= threshold`` into
     ``found`` (as many as fit in all but its last slot, a scratch slot for the branch-free
     compaction); returns how many there are (possibly more than fit). 8 lanes at a time
-    (``simd.sum_above8``); the few lanes that pass are collected from the lane mask."""
+    (``simd.sum_above8``); the few lanes that pass are collected from the lane mask. With ``e``
+    and ``out`` None, x is ``g``: the scan alone."""
     n, last, count = g.shape[0], found.shape[0] - 1, 0
     end = n - n % 8
     for i in range(0, end, 8):
@@ -39,8 +40,11 @@ def _sum_scan(g, e, out, threshold, found):
                 found[min(count, last)] = i + k
                 count += (mask >> k) & 1
     for i in range(end, n):
-        v = g[i] + e[i]
-        out[i] = v
+        if e is None:
+            v = g[i]
+        else:
+            v = g[i] + e[i]
+            out[i] = v
         found[min(count, last)] = i
         count += abs(v) >= threshold
     return count
@@ -110,8 +114,8 @@ class SumSource(Source):
     ``g`` on the first step), complete once the first scan (or ``array()`` itself) has run."""
 
     def __init__(self, g, e, out, capacity):
-        """``capacity``: how many indices the first scan keeps (the selectors need all of them
-        only when at most about 1.5 k pass; beyond, the scan is redone on ``out``)."""
+        """``capacity``: how many indices a scan keeps (the selectors need all of them only when
+        at most about 1.5 k pass; beyond, NumPy's scan is redone on x)."""
         self.g, self.e, self.shape = g, e, g.shape
         self.x = g if e is None else out
         self.capacity, self.done = int(capacity), e is None
@@ -121,12 +125,13 @@ class SumSource(Source):
         return np.abs(self.g[pos] if self.e is None else self.g[pos] + self.e[pos])
 
     def above(self, threshold):
-        if self.done:
-            return _above(self.x, threshold)
         found = np.empty(self.capacity + 1, dtype=np.int64)
         threshold = self.x.dtype.type(threshold)  # NumPy compares in x's dtype
-        count = _sum_scan(self.g, self.e, self.x, threshold, found)
-        self.done = True
+        if self.done:  # x is complete: the scan alone
+            count = _sum_scan(self.x, None, None, threshold, found)
+        else:
+            count = _sum_scan(self.g, self.e, self.x, threshold, found)
+            self.done = True
         return found[:count] if count <= self.capacity else _above(self.x, threshold)
 
     def array(self):
@@ -139,8 +144,10 @@ class SumSource(Source):
 def warm(dtype):
     """Run the fused scan once on 16 elements of ``dtype`` (``hvdcomp.kernels.warm``)."""
     g, e, out = (np.ones(16, dtype) for _ in range(3))
-    SumSource(g, e, out, 4).above(1.0)
-    SumSource(g, None, out, 4).above(1.0)
+    for e_ in (e, None):
+        src = SumSource(g, e_, out, 4)
+        src.above(1.0)
+        src.above(1.0)  # again: x complete, the scan alone
     for idt in (np.int32, np.int64):  # the wire's index dtypes (int64 beyond 2**31 elements)
         idx = np.arange(4, dtype=idt)
         sum_pair((idx, g[:4]), (idx + 2, g[:4]))
