@@ -32,6 +32,17 @@ from hvdcomp.comm import ring_allreduce
 from hvdcomp.protocol import BatchedCompressor
 
 
+def sketch_of(fused, h):
+    """``alg.encode(fused, h)``: this rank's table, flattened; for a host float32 vector by the
+    one-pass kernel (``hvdcomp.kernels.sketch``, the same bits) when the kernels are on."""
+    if kernels.active(fused) and fused.dtype == np.float32:
+        from hvdcomp.kernels import sketch as ks
+        table = np.zeros((h.rows, h.cols), dtype=np.float32)
+        ks.sketch(fused, h.offsets, h.chunk_signs, table)
+        return table.reshape(-1)
+    return alg.encode(fused, h)
+
+
 def heavy_hitters(table, h, k, device=None, scratch=None):
     """``alg.select(table, h, k, device)``; on the host (``device`` None), the estimates come from
     the fused kernel (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at
@@ -108,7 +119,7 @@ class SketchFusion(BatchedCompressor):
             fused = xp.concat([e.compensated for e in entries], like=first)
             k, rows, cols = self.shape_for(fused.shape[0])
             h = hashes(fused.shape[0], rows, cols, self.seed)
-            table = xp.to_host(alg.encode(fused, h))
+            table = xp.to_host(sketch_of(fused, h))
         with batch.phase("comm"):
             ring_allreduce(ctx, table)
         with batch.phase("decode"):

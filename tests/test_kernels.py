@@ -252,13 +252,17 @@ def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes
 
 @pytest.mark.parametrize("n,cols,rows", [(50_000, 2000, 5), (12_345, 700, 3), (999, 1000, 4),
                                          (70_001, 300, 9), (7, 3, 1), (100_003, 1000, 3)])
-def test_sketch_unsketch_matches_the_reference(n, cols, rows):
-    """``kernels.sketch.unsketch``: every position's median estimate, the reference's values."""
+def test_sketch_and_unsketch_match_the_reference(n, cols, rows):
+    """``kernels.sketch``: the one-pass table is the reference's bit for bit; ``unsketch``:
+    every position's median estimate, the reference's values."""
     from hvdcomp.backend import sketch as cs
     from hvdcomp.kernels import sketch as ks
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     h = cs.hashes(n, rows, cols, seed=4)
     table = cs.sketch(x, h)
+    fused = np.zeros_like(table)
+    ks.sketch(x, h.offsets, h.chunk_signs, fused)
+    assert _same(fused, table)
     out = np.full(n, np.nan, np.float32)
     ks.unsketch(table, h.offsets, h.chunk_signs, n, out)
     assert np.array_equal(out, cs.unsketch(table, h))

@@ -13,8 +13,9 @@ modules' docstrings):
 - ``hvdcomp.kernels.votes``: BinSGDM's moments, direction and stochastic vote (its uniforms
   computed inline), one pass; the re-binarisation packed as drawn; the nodes' totals from their
   bits; the mean vote;
-- ``hvdcomp.kernels.sketch.unsketch``: SketchFusion's estimate of every position, the median
-  over the sketch's rows taken as it is read, one pass.
+- ``hvdcomp.kernels.sketch``: SketchFusion's table, every row filled in one pass over the
+  input; the estimate of every position, the median over the sketch's rows taken as it is read,
+  one pass.
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.

@@ -1,4 +1,12 @@
-"""The Count-Sketch's full unsketch fused with the median over rows (numba), for host tables.
+"""The Count-Sketch's table filled in one pass, and its full unsketch fused with the median over
+rows (numba), for host arrays.
+
+``sketch(x, offsets, signs, table)`` adds every row's contribution of ``x`` to the zeroed float32
+``table`` (r, c) in one pass over ``x``: each chunk is cut where any row's bucket wraps around,
+and every piece is added to the r rows' contiguous slices (``table[j, b] += s * x[i]``: with
+s = -1 that is the reference's ``table[j, b] - x[i]`` exactly). Every bucket receives its
+contributions in chunk order, as in the reference (``hvdcomp.backend.sketch.sketch``), so the
+table is the reference's bit for bit; x float32, 1-D, C-contiguous.
 
 ``unsketch(table, offsets, signs, n, out)`` writes, for every position i < n, the median over
 the r rows of ``signs[j, q] * table[j, (i % c + offsets[j, q]) % c]`` (``q = i // c``; the
@@ -18,6 +26,40 @@ import numpy as np
 from hvdcomp.kernels import JIT_OPTIONS as _JIT
 
 MAX_ROWS = 9
+
+
+@numba.njit(inline="always", **_JIT)
+def _add_run(src, sign, dst):
+    for i in range(src.shape[0]):
+        dst[i] += sign * src[i]
+
+
+@numba.njit(**_JIT)
+def _sketch(x, offsets, signs, table):
+    rows, c = table.shape
+    n = x.shape[0]
+    cuts = np.empty(rows + 2, np.int64)
+    for q in range(offsets.shape[1]):
+        lo = q * c
+        m = min(c, n - lo)
+        cuts[0], cuts[rows + 1] = 0, m
+        for j in range(rows):
+            cuts[j + 1] = c - offsets[j, q]
+        cuts[1:rows + 1].sort()
+        for t in range(rows + 1):
+            a, e = max(cuts[t], 0), min(cuts[t + 1], m)
+            if a >= e:
+                continue
+            piece = x[lo + a:lo + e]
+            for j in range(rows):
+                o = offsets[j, q]
+                b = a + o if a + o < c else a + o - c
+                _add_run(piece, np.float32(signs[j, q]), table[j, b:b + e - a])
+
+
+def sketch(x, offsets, signs, table):
+    """Adds the sketch of ``x`` to ``table`` (module docstring)."""
+    _sketch(x, offsets, signs, table)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -100,5 +142,7 @@ def warm(dtype=np.float32):
     """Compile (or load from the cache) the kernel (``hvdcomp.kernels.warm``)."""
     out = np.empty(4, np.float32)
     for rows in (3, 5):
+        sketch(out, np.zeros((rows, 2), np.int64), np.ones((rows, 2), np.int8),
+               np.zeros((rows, 2), np.float32))
         unsketch(np.zeros((rows, 2), np.float32), np.zeros((rows, 2), np.int64),
                  np.ones((rows, 2), np.int8), 4, out)
