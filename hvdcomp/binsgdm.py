@@ -21,9 +21,10 @@ SGD on raw gradients (tested in tests/test_binsgdm.py).
 
 Per flush all gradients (of any size: small tensors are binarised too, so every parameter gets
 the same update rule) are fused into one vector of d votes. Wire, per rank, with L ranks per
-node and N nodes: inside the node int8 (d (L-1)/L bytes scattered, the same gathered back, as
-int8 when size <= 127); between nodes ``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per
-element to every other node. Per-step figures by leg: ``last_legs`` ({'intra', 'inter'}:
+node and N nodes: inside the node the votes go out as packed bits (``d (L-1) / (8 L)`` bytes
+scattered: each shard's owner counts its node's votes from the L ranks' bits) and the totals
+come back as int8 when size <= 127 (``d (L-1) / L`` bytes gathered); between nodes
+``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node. Per-step figures by leg: ``last_legs`` ({'intra', 'inter'}:
 CommStats); the totals are in ``last_stats`` as for every compressor.
 
 State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed by
@@ -110,11 +111,15 @@ class BinSGDM(BatchedCompressor):
             return host.rebinarised(node_sum, shard.node_size, key)
 
         def combine(messages, shard):
-            return host.totals(messages, shard, small_int_dtype(ctx.size))
+            return host.vote_sums(messages, shard.size, shard.node_size, small_int_dtype(ctx.size))
+
+        def node_sum(rows, count):  # the local ranks' packed votes, summed
+            return host.vote_sums(rows, count, 1, votes.dtype)
 
         before = hier.leg_stats()
         with batch.phase("comm"):
-            total = hier.allreduce(votes, encode, combine, small_int_dtype(ctx.size))
+            total = hier.allreduce(votes, encode, combine, small_int_dtype(ctx.size),
+                                   intra_wire=(pack_votes, node_sum))
         after = hier.leg_stats()
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0
@@ -125,6 +130,11 @@ class BinSGDM(BatchedCompressor):
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
+
+
+def pack_votes(votes):
+    """±1 votes (integer, host) as packed bits (bit 1 for +1), the intra-node wire format."""
+    return np.packbits(votes > 0)
 
 
 class ReferencePath:
@@ -147,10 +157,13 @@ class ReferencePath:
         return pack_signs(alg.rebinarise(node_sum, node_size, key))
 
     @staticmethod
-    def totals(messages, shard, dtype):
-        """The estimate of the sum over all ranks from the nodes' messages (``dtype``)."""
-        bits = [unpack_signs(row, shard.size, "int8") for row in messages]
-        return alg.node_votes_total(bits, shard.node_size, dtype)
+    def vote_sums(rows, count, weight, dtype):
+        """``weight`` times the sum of the ±1 votes packed in the ``rows`` (uint8, one per rank
+        or node, ``count`` votes each), in ``dtype``: a node's sum of its ranks' votes
+        (weight 1), or from the nodes' messages the estimate of the sum over all ranks (weight:
+        the node size)."""
+        bits = [unpack_signs(row, count, "int8") for row in rows]
+        return alg.node_votes_total(bits, weight, dtype)
 
     mean = staticmethod(alg.mean_vote)
 
@@ -192,10 +205,10 @@ class FusedPath:
         return packed
 
     @staticmethod
-    def totals(messages, shard, dtype):
+    def vote_sums(rows, count, weight, dtype):
         from hvdcomp.kernels import votes as kv
-        out = np.empty(shard.size, dtype=dtype)
-        kv.node_totals(np.ascontiguousarray(messages), shard.size, shard.node_size, out)
+        out = np.empty(count, dtype=dtype)
+        kv.node_totals(np.ascontiguousarray(rows), count, weight, out)
         return out
 
     @staticmethod

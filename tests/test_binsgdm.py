@@ -174,9 +174,12 @@ def test_binsgdm_trains_on_2x2_like_sgd_momentum(uncompressed):
     assert _all_same(res, "layout") == "2 node(s) x 2 rank(s)"
     bounds = shard_bounds(d, 2)
     for rank, r in res.items():
-        assert r["legs"]["intra"] == d                  # int8: d/2 scattered + d/2 gathered
-        own = bounds[rank % 2 + 1] - bounds[rank % 2]   # this rank's shard, 1 bit per element
-        assert r["legs"]["inter"] == -(-own // 8)
+        own = bounds[rank % 2 + 1] - bounds[rank % 2]   # this rank's shard
+        other = d - own                                 # the other local rank's
+        # intra: the other's shard of this rank's votes, 1 bit each; this shard's totals back
+        # to it as int8
+        assert r["legs"]["intra"] == -(-other // 8) + own
+        assert r["legs"]["inter"] == -(-own // 8)        # 1 bit per element of its shard
         assert r["stats"]["compressed_elements"] == r["stats"]["elements"]
         assert r["memory_keys"] == ["0.bias", "0.weight", "2.bias", "2.weight", "4.bias",
                                     "4.weight"]

@@ -40,7 +40,8 @@ all-gathered messages, deterministically, and then copied.
 
 Traffic per rank (itemsize b of ``x``, c of ``out_dtype``, L ranks per node, N nodes, shard
 ~ n/L elements, B(k) message bytes for k elements):
-intra ``(L-1)/L * n * b`` (reduce-scatter) + ``(L-1) * shard * c`` (gather);
+intra ``(L-1)/L * n * b`` (reduce-scatter; with ``intra_wire``, its packed bytes instead) +
+``(L-1) * shard * c`` (gather);
 inter ``(N-1) * B(shard)``; for 1-bit messages each node sends its n bits to every other node.
 """
 import dataclasses
@@ -166,14 +167,21 @@ class Hierarchy:
         return f"{self.nodes} node(s) x {self.local_size} rank(s){extra}"
 
     # -- the three stages -----------------------------------------------------------------------
-    def allreduce(self, x, encode, combine, out_dtype=None):
-        """The sum over all ranks of ``x`` (see the module docstring); a new array."""
+    def allreduce(self, x, encode, combine, out_dtype=None, intra_wire=None):
+        """The sum over all ranks of ``x`` (see the module docstring); a new array.
+        ``intra_wire``: None (the intra reduce-scatter sends ``x``'s own dtype), or
+        ``(pack, node_sum)`` for values that fit a narrower wire format (e.g. ±1 votes, 1 bit
+        each): ``pack(slice) -> uint8`` (its length a function of the slice's length alone)
+        encodes what a local rank sends, ``node_sum(rows, count)`` sums the ``(local_size,
+        nbytes)`` uint8 rows (local-rank order) of a shard of ``count`` elements into the
+        node's sum, as the default path would compute it."""
         x = np.ascontiguousarray(x).reshape(-1)
         out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
         bounds = shard_bounds(x.size, self.local_size, self.align)
         r = self.local_rank
         shard = Shard(bounds[r], bounds[r + 1], r, self.node, self.local_size, self.nodes)
-        node_sum = self.reduce_scatter(x, bounds)
+        node_sum = (self.reduce_scatter(x, bounds) if intra_wire is None or self.local_size == 1
+                    else self.reduce_scatter_packed(x, bounds, *intra_wire))
         if self.nodes == 1:
             part = node_sum
         else:
@@ -192,6 +200,20 @@ class Hierarchy:
                 leg.add(*_exchange(self.intra.comm, x[bounds[dst]:bounds[dst + 1]], rows[src],
                                    dst, src))
         return rows.sum(axis=0, dtype=x.dtype) if L > 1 else rows[0]
+
+    def reduce_scatter_packed(self, x, bounds, pack, node_sum):
+        """``reduce_scatter`` with every local rank's part sent as ``pack(part)`` (uint8) and the
+        node's sum formed by ``node_sum(rows, count)`` (``allreduce``'s ``intra_wire``)."""
+        L, r = self.local_size, self.local_rank
+        mine = pack(x[bounds[r]:bounds[r + 1]])
+        rows = np.empty((L, mine.size), dtype=np.uint8)
+        rows[r] = mine
+        with _Leg(self, self.intra) as leg:
+            for t in range(1, L):
+                dst, src = (r + t) % L, (r - t) % L
+                leg.add(*_exchange(self.intra.comm, pack(x[bounds[dst]:bounds[dst + 1]]),
+                                   rows[src], dst, src))
+        return node_sum(rows, bounds[r + 1] - bounds[r])
 
     def exchange(self, message):
         """All-gather ``message`` (uint8, the same length on every node) between the nodes:
