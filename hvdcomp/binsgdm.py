@@ -22,9 +22,11 @@ SGD on raw gradients (tested in tests/test_binsgdm.py).
 Per flush all gradients (of any size: small tensors are binarised too, so every parameter gets
 the same update rule) are fused into one vector of d votes. Wire, per rank, with L ranks per
 node and N nodes: inside the node the votes go out as packed bits (``d (L-1) / (8 L)`` bytes
-scattered: each shard's owner counts its node's votes from the L ranks' bits) and the totals
-come back as int8 when size <= 127 (``d (L-1) / L`` bytes gathered); between nodes
-``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node. Per-step figures by leg: ``last_legs`` ({'intra', 'inter'}:
+scattered: each shard's owner counts its node's votes from the L ranks' bits); between nodes
+``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node; back
+inside the node, every node's bits of every shard (``N d (L-1) / (8 L)`` bytes gathered; each
+rank forms the totals itself) while that is less than the totals themselves (int8 when
+size <= 127: ``d (L-1) / L`` bytes; fewer than 8 nodes), else the totals. Per-step figures by leg: ``last_legs`` ({'intra', 'inter'}:
 CommStats); the totals are in ``last_stats`` as for every compressor.
 
 State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed by
@@ -118,8 +120,13 @@ class BinSGDM(BatchedCompressor):
 
         before = hier.leg_stats()
         with batch.phase("comm"):
-            total = hier.allreduce(votes, encode, combine, small_int_dtype(ctx.size),
-                                   intra_wire=(pack_votes, node_sum))
+            # intra: votes out as bits; back, the nodes' bits instead of the totals while that
+            # is less (N bits against 8 bits per byte of the totals' dtype)
+            total_dtype = small_int_dtype(ctx.size)
+            fewer = hier.nodes < 8 * total_dtype.itemsize
+            total = hier.allreduce(votes, encode, combine, total_dtype,
+                                   intra_wire=(pack_votes, node_sum),
+                                   message_nbytes=packed_nbytes if fewer else None)
         after = hier.leg_stats()
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0

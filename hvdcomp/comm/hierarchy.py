@@ -32,7 +32,9 @@ every rank; integer or float; its dtype must hold the sum over one node, see
    ``combine(messages, shard)`` gets them as a (nodes, nbytes) uint8 array in node order and
    returns the shard's estimate of the sum over all ranks. With one node the shard's result is
    ``node_sum`` itself.
-3. intra all-gather of the shards' results, cast to ``out_dtype`` (default: ``x``'s dtype).
+3. intra all-gather of the shards' results, cast to ``out_dtype`` (default: ``x``'s dtype);
+   or, with ``message_nbytes``, of the shards' nodes' messages, every rank then combining every
+   shard itself.
 
 The result (the sum over all ranks, estimated through ``combine`` when there are several nodes)
 is identical on every rank: each shard is computed by one rank per node from the same
@@ -167,14 +169,21 @@ class Hierarchy:
         return f"{self.nodes} node(s) x {self.local_size} rank(s){extra}"
 
     # -- the three stages -----------------------------------------------------------------------
-    def allreduce(self, x, encode, combine, out_dtype=None, intra_wire=None):
+    def allreduce(self, x, encode, combine, out_dtype=None, intra_wire=None,
+                  message_nbytes=None):
         """The sum over all ranks of ``x`` (see the module docstring); a new array.
         ``intra_wire``: None (the intra reduce-scatter sends ``x``'s own dtype), or
         ``(pack, node_sum)`` for values that fit a narrower wire format (e.g. ±1 votes, 1 bit
         each): ``pack(slice) -> uint8`` (its length a function of the slice's length alone)
         encodes what a local rank sends, ``node_sum(rows, count)`` sums the ``(local_size,
         nbytes)`` uint8 rows (local-rank order) of a shard of ``count`` elements into the
-        node's sum, as the default path would compute it."""
+        node's sum, as the default path would compute it.
+        ``message_nbytes``: None, or the inter-node message's byte length for a shard of k
+        elements (``k -> int``); then, with several nodes, the intra gather sends each shard's
+        nodes' messages (``N * B(shard)`` bytes) instead of its result (``shard * c``), and
+        every rank combines every shard itself (the same deterministic ``combine``, so the
+        same result): less traffic when ``N * B(k) < k * c``, e.g. 1-bit messages from
+        fewer than 8 c nodes."""
         x = np.ascontiguousarray(x).reshape(-1)
         out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
         bounds = shard_bounds(x.size, self.local_size, self.align)
@@ -186,7 +195,11 @@ class Hierarchy:
             part = node_sum
         else:
             message = np.ascontiguousarray(encode(node_sum, shard), dtype=np.uint8).reshape(-1)
-            part = combine(self.exchange(message), shard)
+            messages = self.exchange(message)
+            if message_nbytes is not None:
+                return self.allgather_messages(messages, bounds, combine, out_dtype,
+                                               message_nbytes)
+            part = combine(messages, shard)
         return self.allgather(part, bounds, out_dtype)
 
     def reduce_scatter(self, x, bounds):
@@ -238,6 +251,23 @@ class Hierarchy:
                 dst, src = (r + t) % L, (r - t) % L
                 leg.add(*_exchange(self.intra.comm, mine, out[bounds[src]:bounds[src + 1]],
                                    dst, src))
+        return out
+
+    def allgather_messages(self, messages, bounds, combine, dtype, message_nbytes):
+        """Every local rank's shard's ``(nodes, nbytes)`` messages gathered inside the node, and
+        every shard combined here: the full length ``bounds[-1]`` in ``dtype``."""
+        L, r = self.local_size, self.local_rank
+        rows = [np.empty((self.nodes, message_nbytes(bounds[s + 1] - bounds[s])), np.uint8)
+                for s in range(L)]
+        rows[r] = np.ascontiguousarray(messages)
+        with _Leg(self, self.intra) as leg:
+            for t in range(1, L):
+                dst, src = (r + t) % L, (r - t) % L
+                leg.add(*_exchange(self.intra.comm, rows[r], rows[src], dst, src))
+        out = np.empty(bounds[-1], dtype=dtype)
+        for s in range(L):
+            shard = Shard(bounds[s], bounds[s + 1], s, self.node, L, self.nodes)
+            out[bounds[s]:bounds[s + 1]] = combine(rows[s], shard)
         return out
 
     def leg_stats(self):

@@ -11,6 +11,8 @@ from mpi4py import MPI
 
 from hvdcomp.algorithms import binsgdm as alg
 from hvdcomp.backend import pack_signs, unpack_signs
+from hvdcomp.backend.bits import packed_nbytes
+from hvdcomp.binsgdm import ReferencePath, pack_votes
 from hvdcomp.comm import get_context
 from hvdcomp.comm.hierarchy import Hierarchy, HierarchyError, small_int_dtype
 from report import report
@@ -42,6 +44,10 @@ def one_bit_codec(step):
     return encode, combine
 
 
+def node_votes(rows, count):
+    return ReferencePath.vote_sums(rows, count, 1, np.int8)
+
+
 def exact_sum(x):
     out = np.empty(x.size, dtype=np.int64)
     world.Allreduce(x.astype(np.int64), out, op=MPI.SUM)
@@ -61,6 +67,11 @@ def run_layout(name, rpn, uneven="flat"):
         assert got.shape == (n,) and same_everywhere(got), (name, n)
         if h.nodes == 1 or h.local_size == 1:
             assert np.array_equal(got, exact_sum(x)), (name, n)
+        # BinSGDM's narrower wires (votes as bits inside the node; the nodes' messages gathered
+        # back instead of the totals): the same result exactly
+        narrow = h.allreduce(x, *one_bit_codec(0), out_dtype=small_int_dtype(size),
+                             intra_wire=(pack_votes, node_votes), message_nbytes=packed_nbytes)
+        assert narrow.dtype == got.dtype and np.array_equal(narrow, got), (name, n)
     x = votes(N_BIG, 99)
     before = h.leg_stats()
     parent_before = ctx.stats.snapshot()
