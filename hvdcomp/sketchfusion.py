@@ -116,7 +116,11 @@ class SketchFusion(BatchedCompressor):
         first = entries[0].compensated
         device = first.device if xp.is_torch(first) else None  # a device tensor's stays there
         with batch.phase("encode"):
-            fused = xp.concat([e.compensated for e in entries], like=first)
+            # owned buffers (steady state: the memory's spares, slices of an earlier step's
+            # fused vector) are joined without a copy when they already lie end to end
+            parts = [e.compensated for e in entries]
+            fused = (xp.joined(parts, like=first) if all(e.owned for e in entries)
+                     else xp.concat(parts, like=first))
             k, rows, cols = self.shape_for(fused.shape[0])
             h = hashes(fused.shape[0], rows, cols, self.seed)
             table = xp.to_host(sketch_of(fused, h))

@@ -64,6 +64,29 @@ def concat(arrays, like):
     return np.concatenate(list(arrays))
 
 
+def joined(arrays, like):
+    """``concat(arrays, like)``, but when the arrays are host arrays that already lie end to end
+    in one buffer (consecutive C-contiguous 1-D pieces of one base, e.g. state written into
+    slices of an earlier joined vector), a view of that span instead of a copy. Only for arrays
+    the caller may write through (the view aliases them)."""
+    if len(arrays) > 1 and all(isinstance(a, np.ndarray) and a.ndim == 1
+                               and a.flags.c_contiguous for a in arrays):
+        base, dtype = arrays[0].base, arrays[0].dtype
+        start = arrays[0].__array_interface__["data"][0]
+        at = start
+        for a in arrays:
+            if a.base is not base or base is None or a.dtype != dtype \
+                    or a.__array_interface__["data"][0] != at:
+                break
+            at += a.nbytes
+        else:
+            if isinstance(base, np.ndarray) and base.ndim == 1 and base.dtype == dtype \
+                    and base.flags.c_contiguous:
+                first = (start - base.__array_interface__["data"][0]) // dtype.itemsize
+                return base[first:first + (at - start) // dtype.itemsize]
+    return concat(arrays, like)
+
+
 def add(a, b, out):
     """``out = a + b`` (elementwise, same kind, shape and dtype); returns ``out``."""
     if is_torch(out):
