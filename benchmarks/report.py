@@ -152,8 +152,9 @@ def train_markdown(records):
         out += ["", f"### {label}, {MODEL_TITLES.get(model, model)}: "
                     f"{some.get('params', 0) / 1e6:.1f}M parameters in {some.get('tensors')} "
                     f"tensors, {some['ranks']} ranks on {some['hosts']} hosts, compute alone "
-                    f"(forward + backward, no Horovod) {some.get('compute_seconds', 0) * 1e3:.0f} ms",
-                "", "| method | ms / step | first | encode | comm | decode | rest | MB | x32 | x16 |",
+                    "(forward + backward, no Horovod) "
+                    f"{some.get('compute_seconds', 0) * 1e3:.0f} ms", "",
+                "| method | ms / step | first | encode | comm | decode | rest | MB | x32 | x16 |",
                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["status"] != "ok":

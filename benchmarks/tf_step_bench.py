@@ -36,7 +36,8 @@ from mpi4py import MPI  # noqa: E402  before Horovod: THREAD_MULTIPLE (see DESIG
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from methods import add_step_args, make_compression, report_step, step_phases, step_record  # noqa: E402
+from methods import (add_step_args, make_compression, report_step, step_phases,  # noqa: E402
+                     step_record)
 BATCH = 4
 MODELS = {"mlp": (5000, [2500, 5000]), "mlp48": (1024, [1024] * 24)}  # input width, layer widths
 

@@ -34,7 +34,8 @@ from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 import torch
 import horovod.torch as hvd
 
-from methods import add_step_args, make_compression, report_step, step_phases, step_record  # this folder
+from methods import (add_step_args, make_compression, report_step, step_phases,  # this folder
+                     step_record)
 
 VOCAB, D_MODEL, SEQ, BATCH, WIDTH48 = 5000, 512, 32, 4, 1024
 

@@ -26,8 +26,9 @@ scattered: each shard's owner counts its node's votes from the L ranks' bits); b
 ``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node; back
 inside the node, every node's bits of every shard (``N d (L-1) / (8 L)`` bytes gathered; each
 rank forms the totals itself) while that is less than the totals themselves (int8 when
-size <= 127: ``d (L-1) / L`` bytes; fewer than 8 nodes), else the totals. Per-step figures by leg: ``last_legs`` ({'intra', 'inter'}:
-CommStats); the totals are in ``last_stats`` as for every compressor.
+size <= 127: ``d (L-1) / L`` bytes; fewer than 8 nodes), else the totals. Per-step figures by
+leg: ``last_legs`` ({'intra', 'inter'}: CommStats); the totals are in ``last_stats`` as for
+every compressor.
 
 State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed by
 ``state_dict()``; the random votes are keyed by (seed, step, rank), so a resumed run repeats the
@@ -112,8 +113,10 @@ class BinSGDM(BatchedCompressor):
             key = batch.key(self.seed, batch.step, ctx.rank, alg.REBINARISE)
             return host.rebinarised(node_sum, shard.node_size, key)
 
+        total_dtype = small_int_dtype(ctx.size)
+
         def combine(messages, shard):
-            return host.vote_sums(messages, shard.size, shard.node_size, small_int_dtype(ctx.size))
+            return host.vote_sums(messages, shard.size, shard.node_size, total_dtype)
 
         def node_sum(rows, count):  # the local ranks' packed votes, summed
             return host.vote_sums(rows, count, 1, votes.dtype)
@@ -122,7 +125,6 @@ class BinSGDM(BatchedCompressor):
         with batch.phase("comm"):
             # intra: votes out as bits; back, the nodes' bits instead of the totals while that
             # is less (N bits against 8 bits per byte of the totals' dtype)
-            total_dtype = small_int_dtype(ctx.size)
             fewer = hier.nodes < 8 * total_dtype.itemsize
             total = hier.allreduce(votes, encode, combine, total_dtype,
                                    intra_wire=(pack_votes, node_sum),
