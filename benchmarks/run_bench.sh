@@ -13,30 +13,13 @@
 # cost_model.md (benchmarks/cost_model.py), and prints the table. The cluster is removed on exit,
 # also after a failure or Ctrl-C. About 10-15 minutes on a 2-core machine with the defaults.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(dirname "$HERE")
-cd "$ROOT"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
 RATES=${RATES:-"100mbit 1gbit 10gbit"}
 SIZES=${SIZES:-1M,5M,25M}
 REPS=${REPS:-3}
-HOSTS=${HOSTS:-2}
-PER_HOST=${PER_HOST:-2}
-METHODS=${METHODS:-}  # default: hvd-fp32, hvd-fp16 and every method of hvdcomp/registry.py
 JOB_TIMEOUT=${JOB_TIMEOUT:-900}
 OUT=${OUT:-$ROOT/results/bench-$(date +%Y%m%d-%H%M%S)}
-CLUSTER="$HERE/cluster.sh"
-export HVDC_PREFIX=${HVDC_PREFIX:-hvdc} HVDC_SUBNET=${HVDC_SUBNET:-10.77.0}
-
-mkdir -p "$OUT"
-cleanup() { "$CLUSTER" down || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$CLUSTER" down >/dev/null 2>&1 || true     # leftovers of a run that was killed hard
-first=${RATES%% *}
-"$CLUSTER" up "$HOSTS" "$first"
-{ echo "# $(date -Is) $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"; "$CLUSTER" status; } \
-    > "$OUT/environment.txt"
+cluster_session "${RATES%% *}"
 
 for rate in $RATES; do
     "$CLUSTER" rate "$rate"

@@ -16,26 +16,12 @@
 # ms/step, speedup over Horovod fp32 and fp16 of the same job, TF/PyTorch step ratio) and
 # tf_vs_torch.png (benchmarks/report.py --tf-vs-torch). About 25 minutes on a 2-core machine.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(dirname "$HERE")
-cd "$ROOT"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
 RATES=${RATES:-"1gbit 100mbit"}
 MODELS=${MODELS:-"mlp48 mlp"}
-HOSTS=${HOSTS:-2}
-PER_HOST=${PER_HOST:-2}
 STEPS=${STEPS:-3}
-METHODS=${METHODS:-}
 OUT=${OUT:-$ROOT/results/tf-vs-torch-$(date +%Y%m%d-%H%M%S)}
-CLUSTER="$HERE/cluster.sh"
-export HVDC_PREFIX=${HVDC_PREFIX:-hvdc} HVDC_SUBNET=${HVDC_SUBNET:-10.77.0}
-
-mkdir -p "$OUT"
-cleanup() { "$CLUSTER" down || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$CLUSTER" down >/dev/null 2>&1 || true
-"$CLUSTER" up "$HOSTS" "${RATES%% *}"
+cluster_session "${RATES%% *}"
 job() {  # job RATE SCRIPT ARGS...: one job on the cluster; a failed job is reported, the rest go on
     local rate=$1 script=$2; shift 2
     "$CLUSTER" run --per-host "$PER_HOST" --timeout 1200 -- "$PY" "$HERE/$script" \

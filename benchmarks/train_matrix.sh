@@ -14,29 +14,13 @@
 # rest, bytes sent, x fp32, x fp16) and train_matrix.png (benchmarks/report.py --train).
 # About 25 minutes on a 2-core machine. The cluster is removed on exit.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(dirname "$HERE")
-cd "$ROOT"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
 RATES=${RATES:-"100mbit 1gbit 10gbit"}
 MODELS=${MODELS:-"mlp mlp48 transformer"}
-HOSTS=${HOSTS:-2}
-PER_HOST=${PER_HOST:-2}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-3}
-METHODS=${METHODS:-}
 OUT=${OUT:-$ROOT/results/train-matrix-$(date +%Y%m%d-%H%M%S)}
-CLUSTER="$HERE/cluster.sh"
-export HVDC_PREFIX=${HVDC_PREFIX:-hvdc} HVDC_SUBNET=${HVDC_SUBNET:-10.77.0}
-
-mkdir -p "$OUT"
-cleanup() { "$CLUSTER" down || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$CLUSTER" down >/dev/null 2>&1 || true
-"$CLUSTER" up "$HOSTS" "${RATES%% *}"
-{ echo "# $(date -Is) $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"; "$CLUSTER" status; } \
-    > "$OUT/environment.txt"
+cluster_session "${RATES%% *}"
 for rate in $RATES; do
     "$CLUSTER" rate "$rate"
     for model in $MODELS; do

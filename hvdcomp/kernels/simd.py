@@ -34,24 +34,36 @@ def _packed(builder, ints):
                         [byte])
 
 
+def _sum_stored(context, builder, sig, args, index):
+    """The vector ``g + e`` (``g`` alone when ``e`` is None) at element ``index`` of the first
+    three arguments ``(g, e, out)``, also stored to ``out`` unless it is None."""
+    gt, et, ot = sig.args[:3]
+    v = builder.load(_vector(context, builder, gt, args[0], index), align=1)
+    if not isinstance(et, types.NoneType):
+        v = builder.fadd(v, builder.load(_vector(context, builder, et, args[1], index), align=1))
+    if not isinstance(ot, types.NoneType):
+        builder.store(v, _vector(context, builder, ot, args[2], index), align=1)
+    return v
+
+
+def _magnitude(builder, v):
+    """``(ints, |v|)``: the float vector's bits as integers, and its magnitude (sign bit
+    cleared)."""
+    ivt, width = _int_vector(v)
+    ints = builder.bitcast(v, ivt)
+    mask = ir.Constant(ivt, [(1 << width - 1) - 1] * LANES)
+    return ints, builder.bitcast(builder.and_(ints, mask), v.type)
+
+
 @intrinsic
 def compensate8(typingctx, g, e, p, acc, i):
     """``v = g[i:i+8] + e[i:i+8]`` (``g`` alone when ``e`` is None), stored to ``p[i:i+8]``
     (unless ``p`` is None); ``acc[0:8] += |v|`` (``acc``: 8 elements of the same dtype); returns
     the packed sign byte of ``v`` (uint8)."""
     def codegen(context, builder, sig, args):
-        gt, et, pt, at, _ = sig.args
-        v = builder.load(_vector(context, builder, gt, args[0], args[4]), align=1)
-        if not isinstance(et, types.NoneType):
-            v = builder.fadd(v, builder.load(_vector(context, builder, et, args[1], args[4]),
-                                             align=1))
-        if not isinstance(pt, types.NoneType):
-            builder.store(v, _vector(context, builder, pt, args[2], args[4]), align=1)
-        ivt, width = _int_vector(v)
-        ints = builder.bitcast(v, ivt)
-        mag = builder.bitcast(builder.and_(ints, ir.Constant(ivt, [(1 << width - 1) - 1] * LANES)),
-                              v.type)
-        ap = _vector(context, builder, at, args[3], context.get_constant(types.intp, 0))
+        v = _sum_stored(context, builder, sig, args, args[4])
+        ints, mag = _magnitude(builder, v)
+        ap = _vector(context, builder, sig.args[3], args[3], context.get_constant(types.intp, 0))
         builder.store(builder.fadd(builder.load(ap, align=1), mag), ap, align=1)
         return _packed(builder, ints)
     return types.uint8(g, e, p, acc, i), codegen
@@ -63,17 +75,8 @@ def sum_above8(typingctx, g, e, out, i, threshold):
     (unless ``out`` is None); returns the uint8 mask of the lanes with ``|v| >= threshold``
     (bit k for lane k; ``threshold`` a scalar of the arrays' dtype)."""
     def codegen(context, builder, sig, args):
-        gt, et, ot = sig.args[:3]
-        v = builder.load(_vector(context, builder, gt, args[0], args[3]), align=1)
-        if not isinstance(et, types.NoneType):
-            v = builder.fadd(v, builder.load(_vector(context, builder, et, args[1], args[3]),
-                                             align=1))
-        if not isinstance(ot, types.NoneType):
-            builder.store(v, _vector(context, builder, ot, args[2], args[3]), align=1)
-        ivt, width = _int_vector(v)
-        mag = builder.bitcast(builder.and_(builder.bitcast(v, ivt),
-                                           ir.Constant(ivt, [(1 << width - 1) - 1] * LANES)), v.type)
-        hit = builder.fcmp_ordered(">=", mag, _splat(builder, args[4], v.type))
+        mag = _magnitude(builder, _sum_stored(context, builder, sig, args, args[3]))[1]
+        hit = builder.fcmp_ordered(">=", mag, _splat(builder, args[4], mag.type))
         return builder.bitcast(hit, ir.IntType(8))
     return types.uint8(g, e, out, i, threshold), codegen
 
