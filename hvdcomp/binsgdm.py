@@ -25,9 +25,9 @@ node and N nodes: inside the node the votes go out as packed bits (``d (L-1) / (
 scattered: each shard's owner counts its node's votes from the L ranks' bits); between nodes
 ``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node; back
 inside the node, every node's bits of every shard (``N d (L-1) / (8 L)`` bytes gathered; each
-rank forms the totals itself) while that is less than the totals themselves (int8 when
-size <= 127: ``d (L-1) / L`` bytes; fewer than 8 nodes), else the totals. Per-step figures by
-leg: ``last_legs`` ({'intra', 'inter'}: CommStats); the totals are in ``last_stats`` as for
+rank forms the totals itself) while that is less than the totals themselves (``d (L-1) / L``
+bytes as int8 when size <= 127, so with fewer than 8 nodes), else the totals. Per-step figures
+by leg: ``last_legs`` ({'intra', 'inter'}: CommStats); the totals are in ``last_stats`` as for
 every compressor.
 
 State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed by

@@ -43,7 +43,7 @@ all-gathered messages, deterministically, and then copied.
 Traffic per rank (itemsize b of ``x``, c of ``out_dtype``, L ranks per node, N nodes, shard
 ~ n/L elements, B(k) message bytes for k elements):
 intra ``(L-1)/L * n * b`` (reduce-scatter; with ``intra_wire``, its packed bytes instead) +
-``(L-1) * shard * c`` (gather);
+``(L-1) * shard * c`` (gather; with ``message_nbytes``, ``(L-1) * N * B(shard)``);
 inter ``(N-1) * B(shard)``; for 1-bit messages each node sends its n bits to every other node.
 """
 import dataclasses

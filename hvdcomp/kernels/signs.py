@@ -160,25 +160,35 @@ def marsit_decode(bits, p, delta, memory_factor, local, step, memory):
                    t(0.0 if local is None else abs(local)), local is not None)
 
 
+@numba.njit(inline="always", **_JIT)
+def count_bits(rows, byte_lo, count):
+    """``count[k]``: how many of the ``rows`` (uint8, (R, nbytes), ``hvdcomp.backend.bits``
+    layout) have bit k set, counting from byte ``byte_lo`` of each row, for k < len(count). Row
+    by row over zero-based slices: a loop LLVM vectorises (with the rows innermost it does not,
+    2.5x slower). Blocks of ``VOTE_BLOCK`` keep ``count`` in L1."""
+    count[:] = 0
+    m = count.shape[0]
+    for r in range(rows.shape[0]):
+        row = rows[r, byte_lo:byte_lo + ((m + 7) >> 3)]
+        for k in range(m):
+            count[k] += (row[k >> 3] >> (7 - (k & 7))) & 1
+
+
 @numba.njit(**_JIT)
 def _vote_decode(rows, off, p, step, memory, scale, own):
     """The fused pass of ``vote_decode``, ``VOTE_BLOCK`` elements at a time: the block's "up"
-    votes counted rank by rank (a loop LLVM vectorises; with the ranks innermost it does not,
-    2.5x slower), then its step and memory (``memory`` None: into ``p``). Every loop indexes
-    zero-based slices by its counter, so numba drops its negative-index checks and LLVM can
-    vectorise; and the in-place memory is written through ``p``'s own slice, as LLVM vectorises
-    no loop whose distinct arrays may overlap (5x slower when ``memory`` was passed as ``p``)."""
+    votes (``count_bits``), then its step and memory (``memory`` None: into ``p``). Every loop
+    indexes zero-based slices by its counter, so numba drops its negative-index checks and LLVM
+    can vectorise; and the in-place memory is written through ``p``'s own slice, as LLVM
+    vectorises no loop whose distinct arrays may overlap (5x slower when ``memory`` was passed
+    as ``p``)."""
     ranks, n = rows.shape[0], p.shape[0]
     one, zero = p.dtype.type(1), p.dtype.type(0)
     ups = np.empty(VOTE_BLOCK, np.int32)
     for lo in range(0, n, VOTE_BLOCK):  # lo is a multiple of 8: element lo + k is bit k & 7
         m = min(VOTE_BLOCK, n - lo)
         up = ups[:m]
-        up[:] = 0
-        for r in range(ranks):
-            row = rows[r, off + (lo >> 3):off + ((lo + m + 7) >> 3)]
-            for k in range(m):
-                up[k] += (row[k >> 3] >> (7 - (k & 7))) & 1
+        count_bits(rows, off + (lo >> 3), up)
         ps, st = p[lo:lo + m], step[lo:lo + m]
         me = ps if memory is None else memory[lo:lo + m]
         for k in range(m):

@@ -17,9 +17,9 @@ import numba
 import numpy as np
 
 from hvdcomp.kernels import JIT_OPTIONS as _JIT
+from hvdcomp.kernels.signs import VOTE_BLOCK, count_bits
 
 _SCALE = np.float32(1 << 24)
-BLOCK = 4096  # elements per block of node_totals (their counts stay in L1)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -96,15 +96,11 @@ def node_totals(messages, n, node_size, out):
     """``out[i] = node_size * sum over rows of (+1 if bit i set else -1)`` for the (nodes,
     nbytes) uint8 ``messages``: the estimate of the sum over all ranks."""
     nodes = messages.shape[0]
-    ones = np.empty(BLOCK, np.int32)
-    for lo in range(0, n, BLOCK):  # a multiple of 8: element lo + k is bit k & 7
-        m = min(BLOCK, n - lo)
+    ones = np.empty(VOTE_BLOCK, np.int32)
+    for lo in range(0, n, VOTE_BLOCK):  # a multiple of 8: element lo + k is bit k & 7
+        m = min(VOTE_BLOCK, n - lo)
         count = ones[:m]
-        count[:] = 0
-        for r in range(nodes):  # row by row over zero-based slices: loops LLVM vectorises
-            row = messages[r, lo >> 3:(lo + m + 7) >> 3]
-            for k in range(m):
-                count[k] += (row[k >> 3] >> (7 - (k & 7))) & 1
+        count_bits(messages, lo >> 3, count)
         dst = out[lo:lo + m]
         for k in range(m):
             dst[k] = (2 * count[k] - nodes) * node_size
