@@ -86,7 +86,8 @@ class StateStore:
         return buf
 
     def commit(self):
-        """Make the staged values the state; replaced arrays become spares."""
+        """Make the staged values the state; the values they replace become spares (of keys that
+        ask for spares, when they share no array with their successor)."""
         for key, value in self._staged.items():
             old = self._committed.get(key)
             if old is not None and key in self._spare_keys and not _shared(old, value):
