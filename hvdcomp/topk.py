@@ -91,11 +91,11 @@ def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
 def set_ops(values):
     """``(sum_pair, won)`` for sparse sets whose values are like ``values``: the kernels' linear
     merges (``hvdcomp.kernels.topk``) for host float arrays when the kernels are on, else the
-    reference's ``alg.sum_sets`` of the pair and ``alg.won``. The same results either way."""
+    reference's ``alg.sum_pair`` and ``alg.won``. The same results either way."""
     if kernels.active(values):
         from hvdcomp.kernels import topk as fused
         return fused.sum_pair, fused.won
-    return (lambda a, b: alg.sum_sets([a, b])), alg.won
+    return alg.sum_pair, alg.won
 
 
 def compensate_and_select(batch, entry, k, selection, seed):

@@ -71,6 +71,11 @@ def sum_sets(sets):
     return idx[starts], np.add.reduceat(val, starts)
 
 
+def sum_pair(a, b):
+    """``sum_sets([a, b])``: the sum of two sparse sets (a step of the tree's merge)."""
+    return sum_sets([a, b])
+
+
 def keep_topk(indices, values, bounds, ks):
     """Within each tensor t (indices in ``[bounds[t], bounds[t+1])``), keep the ``ks[t]`` entries
     of largest |value|, ties broken by the smaller index; the result stays ascending."""
@@ -102,17 +107,17 @@ class TopKMerge:
     result is ``keep_topk(sum_sets([a, b]))``: sum the values of equal indices (a's first), then
     keep per tensor the k_t largest |values|, ties by smaller index. At most k_t per tensor come
     out of 2 k_t candidates. With ``ks=None`` it keeps everything (the unidirectional sum).
-    ``sum_pair(a, b)``: how the two sets are summed; default ``sum_sets([a, b])`` (the fused
-    kernel ``hvdcomp.kernels.topk.sum_pair`` gives the same bits).
+    ``pair_sum(a, b)``: how the two sets are summed; default ``sum_pair`` (the fused kernel
+    ``hvdcomp.kernels.topk.sum_pair`` gives the same bits).
     """
 
-    def __init__(self, bounds, ks=None, sum_pair=None):
+    def __init__(self, bounds, ks=None, pair_sum=sum_pair):
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.ks = None if ks is None else [int(k) for k in ks]
-        self.sum_pair = sum_pair or (lambda a, b: sum_sets([a, b]))
+        self.pair_sum = pair_sum
 
     def __call__(self, a, b):
-        s = self.sum_pair(a, b)
+        s = self.pair_sum(a, b)
         return s if self.ks is None else keep_topk(s[0], s[1], self.bounds, self.ks)
 
 
