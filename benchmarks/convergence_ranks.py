@@ -18,6 +18,7 @@ import time
 
 
 def load_example(path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as when run as a script
     spec = importlib.util.spec_from_file_location("example", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # imports hvdcomp before hvd.init(), as the examples do

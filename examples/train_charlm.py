@@ -15,10 +15,8 @@ draws its own random windows), the last 10% validation (a fixed set of windows, 
 rank). Model: causal transformer, 2 layers, d_model 64, 4 heads, context 64 (117k parameters).
 """
 import argparse
-import hashlib
 import json
 import math
-import sys
 import time
 
 import torch
@@ -26,6 +24,7 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 from hvdcomp import registry
+from train_torch import bytes_per_step, say, weights_digest  # examples/ is sys.path[0]
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (constructor
 # arguments documented in the README).
@@ -99,29 +98,6 @@ def windows(ids, starts, context):
     """Inputs and next-character targets for windows beginning at ``starts``."""
     rows = torch.stack([ids[s:s + context + 1] for s in starts.tolist()])
     return rows[:, :-1], rows[:, 1:]
-
-
-def say(msg):
-    """Print one line in a single write, so launcher-tagged output lines never interleave."""
-    sys.stdout.write(msg + "\n")
-    sys.stdout.flush()
-
-
-def weights_digest(model):
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def bytes_per_step(compression, name, numel, size):
-    """(bytes this rank sent per step, 'measured' | 'computed'). hvdcomp methods count their own
-    MPI traffic; Horovod's none/fp16 get the ring all-reduce equivalent 2(P-1)/P * numel * width."""
-    stats = getattr(compression, "total_stats", None)
-    if stats is not None and stats.steps:
-        return stats.bytes_sent / stats.steps, "measured"
-    width = 2 if name == "fp16" else 4
-    return 2 * (size - 1) / size * numel * width, "computed"
 
 
 def parser():

@@ -69,10 +69,11 @@ def weights_digest(model):
 
 def bytes_per_step(compression, name, numel, size):
     """(bytes this rank sent per step, 'measured' | 'computed'). hvdcomp methods count their own
-    MPI traffic; Horovod's none/fp16 get the ring all-reduce equivalent 2(P-1)/P * numel * width."""
+    MPI traffic (plus the ring equivalent of the small tensors Horovod sums for them); Horovod's
+    none/fp16 get the ring all-reduce equivalent 2(P-1)/P * numel * width."""
     stats = getattr(compression, "total_stats", None)
     if stats is not None and stats.steps:
-        return stats.bytes_sent / stats.steps, "measured"
+        return (stats.bytes_sent + stats.horovod_bytes) / stats.steps, "measured"
     width = 2 if name == "fp16" else 4
     return 2 * (size - 1) / size * numel * width, "computed"
 

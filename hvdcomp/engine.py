@@ -23,6 +23,7 @@ calls ``process(..., end_step=False)`` per bucket and ends the step itself with 
 import logging
 import math
 import time
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from hvdcomp import checks
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.errors import HvdcompError
-from hvdcomp.stats import StepStats
+from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
 
@@ -53,26 +54,42 @@ class Ticket:
         self.key = key
 
 
+class HorovodSum(NamedTuple):
+    """The result of an entry that Horovod's own allreduce sums (``Entry.by_horovod``):
+    ``decompress`` returns Horovod's output as it is (``fill`` None), or ``fill`` in every
+    element (a skipped step: 0.0, or NaN for a non-finite tensor under 'propagate')."""
+    fill: Optional[float] = None
+
+
 class Entry:
     """One gradient of the current batch.
 
     ``work``: the flat float32 working array (for every input dtype), a NumPy array for host
-    data or a torch tensor on the gradient's device (None for an unsupported dtype); the
-    preconditioner may replace it by what it sends. ``compensated``/``owned``: the
-    error-compensated vector and whether it is a buffer the method may overwrite
-    (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v); ``own_scale``: Marsit's scale.
+    data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
+    entry ``by_horovod``); the preconditioner may replace it by what it sends.
+    ``by_horovod``: Horovod's own allreduce sums this tensor (it travels with the placeholder,
+    ``BatchedCompressor``); hvdcomp only takes part in the batch's agreement and finiteness
+    verdict, its status is set here and its result is a ``HorovodSum``.
+    ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
+    method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
+    ``own_scale``: Marsit's scale.
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
-                 "numel", "status", "dense", "compensated", "owned", "moments", "own_scale")
+                 "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
+                 "own_scale")
 
-    def __init__(self, key, tensor, adapter):
+    def __init__(self, key, tensor, adapter, by_horovod=False):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
         self.numel = math.prod(self.shape)
-        self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
-        self.work = adapter.working(tensor, "float32") if self.status == checks.OK else None
-        self.dense = False
+        self.by_horovod = self.dense = by_horovod
+        if by_horovod:
+            self.status = checks.OK if xp.all_finite(tensor) else checks.NONFINITE
+            self.work = None
+        else:
+            self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
+            self.work = adapter.working(tensor, "float32") if self.status == checks.OK else None
         self.compensated = self.owned = self.moments = self.own_scale = None
 
     def release(self):
@@ -155,7 +172,9 @@ class StepEngine:
         stats = StepStats.of_step(
             step=self.step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
-            bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases)
+            bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases,
+            horovod_bytes=ring_bytes(sum(e.numel * (8 if e.dtype_name == "float64" else 4)
+                                         for e in entries if e.by_horovod), ctx.size))
         if end_step:
             self.end_step([stats])
         else:
@@ -167,12 +186,14 @@ class StepEngine:
         name = self.method.method
         checks.agree(ctx, entries, name, self.step, self.method.describe())
         for e in entries:
+            if e.by_horovod:
+                continue
             e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
                        or self.pre.makes_dense(e, self.store))
             if e.status == checks.OK and not xp.all_finite(e.work):
                 e.status = checks.NONFINITE
         big = [e for e in entries if not e.dense]
-        small = [e for e in entries if e.dense]
+        small = [e for e in entries if e.dense and not e.by_horovod]
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in entries if e.status == checks.OK], self.store)
@@ -189,11 +210,12 @@ class StepEngine:
                 raise SkipStep(nonfinite)
             self.store.rollback()
             self.skipped += 1
-            return [self._unapplied(e.work, e.key in nonfinite) for e in entries], big
+            return [self._unapplied(e, e.work, e.key in nonfinite) for e in entries], big
         all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
         reduced = dict(zip((e.key for e in big),
                            self.method.reduce(Batch(self, ctx, big), all_scalars) if big else []))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
+        reduced.update((e.key, HorovodSum()) for e in entries if e.by_horovod)
         self.pre.after(entries, reduced, self.store, self.phase)
         return [reduced[e.key] for e in entries], big
 
@@ -218,19 +240,23 @@ class StepEngine:
         for e in entries:
             done = self.results.get(e.ticket)
             like = done[0] if done is not None else e.work
-            self.results[e.ticket] = (self._unapplied(like, e.key in nonfinite), e)
+            self.results[e.ticket] = (self._unapplied(e, like, e.key in nonfinite), e)
             e.release()
         self.end_step(batch_stats)
 
-    def _unapplied(self, like, nonfinite):
-        """The result of a tensor in a skipped step: NaN where the tensor was non-finite on some
-        rank and ``on_nonfinite='propagate'`` (what Horovod's own allreduce returns, so AMP's
-        GradScaler sees the overflow and backs off), else zeros (nothing applied)."""
+    def _unapplied(self, entry, like, nonfinite):
+        """The result of ``entry`` (shaped ``like``) in a skipped step: NaN where the tensor was
+        non-finite on some rank and ``on_nonfinite='propagate'`` (what Horovod's own allreduce
+        returns, so AMP's GradScaler sees the overflow and backs off), else zeros (nothing
+        applied)."""
+        fill = float("nan") if nonfinite and self.on_nonfinite == "propagate" else 0.0
+        if entry.by_horovod:
+            return HorovodSum(fill)
         if like is None:
             return None
         out = xp.zeros_like(like)
-        if nonfinite and self.on_nonfinite == "propagate":
-            out[...] = float("nan")
+        if fill:
+            out[...] = fill
         return out
 
     def _report_nonfinite(self, ctx, where):

@@ -27,6 +27,7 @@ not inherited. The class itself can be passed as ``compression=``: its methods t
 default instance per class (``Cls.default()``).
 """
 import logging
+import math
 import os
 import threading
 
@@ -169,12 +170,28 @@ class BatchedCompressor:
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
-            entry = Entry(key, tensor, adapter)
+            entry = Entry(key, tensor, adapter, self._horovod_sums(tensor, adapter, ident))
             self._pending.append(entry)
             self._pending_keys.add(key)
             if self._fusion is not None:
                 self._fusion.arrived(entry)
+        if entry.by_horovod:
+            return tensor, entry.ticket
         return adapter.placeholder(tensor, self._placeholder_values()), entry.ticket
+
+    def _horovod_sums(self, tensor, adapter, ident):
+        """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``,
+        ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
+        hvdcomp would send uncompressed anyway (fewer than ``min_compress_numel`` elements, no
+        preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
+        (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then
+        costs a step what Horovod's uncompressed allreduce costs (no placeholder, copy or second
+        collective), and hvdcomp still holds each tensor to the batch's agreement and
+        finiteness verdict."""
+        return (self._fusion is None and self.preconditioner.name is None
+                and math.prod(tensor.shape) < self.min_compress_numel
+                and getattr(adapter, "horovod_may_sum", None) is not None
+                and adapter.horovod_may_sum(tensor, ident))
 
     @default_instance
     def decompress(self, output, ctx):
@@ -193,9 +210,11 @@ class BatchedCompressor:
             done = self.engine.results.get(ctx)
             if pending is None and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
-            adapter = (pending or done[1]).adapter
-            try:
-                factor = self.op_factor(adapter.reduced(output), ctx.key)
+            entry = pending or done[1]
+            adapter = entry.adapter
+            try:  # Horovod sums an entry by_horovod with a mean or sum op: factor unused
+                factor = 1 if entry.by_horovod else self.op_factor(adapter.reduced(output),
+                                                                   ctx.key)
             except UnsupportedOpError:
                 self._abandon_step()
                 self.engine.context()  # a launch without MPI ranks explains it: LaunchError
@@ -203,6 +222,8 @@ class BatchedCompressor:
             if pending is not None:
                 self._flush()
             flat, entry = self.engine.results.pop(ctx)
+        if entry.by_horovod:  # Horovod's result; a skipped step fills it
+            return output if flat.fill is None else output.fill_(flat.fill)
         if factor != 1:
             flat = flat * factor
         return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)

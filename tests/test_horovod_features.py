@@ -63,6 +63,26 @@ def test_ranks_with_different_parameters_are_named_within_seconds():
         assert r["seconds"] < 20
 
 
+@pytest.mark.timeout(200)
+def test_small_tensors_are_summed_by_horovod_and_still_checked():
+    """Tensors under min_compress_numel ride Horovod's own allreduce (issue 17, case 8: a model
+    of many small tensors costs what Horovod's uncompressed allreduce costs) with the same result
+    bits as hvd.Compression.none, and still take part in the step's finiteness verdict."""
+    for rank, r in case("small").items():
+        assert r["small"] == ["0.bias", "2.bias", "4.weight", "4.bias"]
+        for op in ("Average", "Sum"):
+            assert r[f"{op}_small_equal"] and not r[f"{op}_large_equal"], op
+            reported, small_bytes = r[f"{op}_horovod_bytes"]
+            assert reported == small_bytes  # 2 ranks: a ring sends 2 (P-1)/P = 1 x the bytes
+            compressed, elements = r[f"{op}_compressed"]
+            assert 0 < compressed == elements - small_bytes // 4
+        p = r["propagate"]
+        assert p == {"nan_tensor_all_nan": True, "others_zero": True, "state_unchanged": True,
+                     "skipped": 1}, p
+        assert r["raise"] and r["raise"].startswith("NonFiniteGradientError: Marsit: NaN or Inf "
+                                                    "in gradient '0.bias' on rank 1"), r["raise"]
+
+
 @pytest.mark.timeout(300)
 def test_process_sets_reduce_within_the_set():
     res = case("sets", ranks=4, timeout=240)

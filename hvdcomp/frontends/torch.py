@@ -102,7 +102,7 @@ def _direct_group(frame, tensor):
 def tensor_identity(tensor, method):
     """The ``Identity`` of ``tensor`` as the horovod.torch call that passed it to compressor
     ``method``'s ``compress()`` knows it (``callers()``); ``UnnamedTensorError`` if none does."""
-    identity = find(tensor, callers(), sys._getframe(1), FRAMES + 1)
+    identity = find(tensor, callers(), sys._getframe(2), FRAMES)  # from compress()'s caller
     if identity is None:
         raise unnamed(method, tuple(tensor.shape), describe_dtype(tensor))
     return identity
@@ -158,6 +158,26 @@ def placeholder(tensor, values):
 
 
 _PLACEHOLDERS = {}
+_SUMMED_DTYPES = (torch.float32, torch.float64)
+
+
+def horovod_may_sum(tensor, identity):
+    """Whether Horovod's own allreduce may reduce ``tensor`` itself, with hvdcomp only checking
+    it (``hvdcomp.engine.Entry.by_horovod``): a dense float32/float64 gradient from a Horovod
+    ``DistributedOptimizer`` whose op is Average or Sum (pre/postscale factors are applied by
+    Horovod to the tensor, so the result needs nothing from hvdcomp)."""
+    return (tensor.dtype in _SUMMED_DTYPES and not tensor.is_sparse
+            and getattr(identity.optimizer, "op", None) in _mean_or_sum())
+
+
+def _mean_or_sum():
+    if not _MEAN_OR_SUM:
+        from horovod.torch.mpi_ops import Average, Sum
+        _MEAN_OR_SUM.extend((Average, Sum))
+    return _MEAN_OR_SUM
+
+
+_MEAN_OR_SUM = []
 
 
 def reduced(output):

@@ -14,6 +14,11 @@
   fresh instance.
 - params: ranks whose optimizers hold different parameters (rank 1 froze a layer) raise
   RankMismatchError at the first backward naming the parameter, within seconds.
+- small: a model's small float32 tensors (under min_compress_numel) are summed by Horovod's own
+  allreduce (what hvd.Compression.none gives, bit for bit, for op=Average and op=Sum) while the
+  large ones are compressed; a NaN in a small tensor on one rank still skips the step on every
+  rank (NaN for it, zeros for the others, state unchanged) or, with on_nonfinite='raise', raises
+  on every rank naming the tensor and the rank.
 - sets (4 ranks): process sets [0, 1] and [2, 3]: hvd.allreduce(op=Average, process_set=own)
   gives each set's own mean; a training in each set stays identical within the set; a set that
   does other work meanwhile does not hang the other.
@@ -179,6 +184,71 @@ def case_sets():
     out["digest"] = digest(model)
 
 
+def same_state(a, b):
+    """Whether two ``StateStore.to_host()`` results hold the same keys and bits."""
+    flat = lambda v: v if isinstance(v, tuple) else (v,)  # noqa: E731
+    return sorted(a) == sorted(b) and all(
+        len(flat(a[k])) == len(flat(b[k])) and all(
+            np.array_equal(x, y) for x, y in zip(flat(a[k]), flat(b[k]))) for k in a)
+
+
+def case_small():
+    xb, yb = batch(xtr, ytr, 0, rank)
+
+    def fresh(op=hvd.Average, **settings):
+        """A new model (the same weights on every rank) and its optimizer with Marsit."""
+        torch.manual_seed(0)
+        model = make_model(hidden=32)  # weights of 2048, 1024 and 320 elements, biases
+        comp = hvdcomp.Marsit(seed=1, **settings)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=model.named_parameters(),
+                                       compression=comp, op=op)
+        return model, dict(model.named_parameters()), comp, opt
+
+    def backward(model):
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+
+    for op in ("Average", "Sum"):
+        model, params, comp, opt = fresh(op=getattr(hvd, op))
+        small = [n for n, p in params.items() if p.numel() < 1024]
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(model(xb), yb),
+                                    list(params.values()))
+        ref = {n: hvd.allreduce(g, name=f"ref.{op}.{n}", op=getattr(hvd, op))
+               for n, g in zip(params, grads)}
+        opt.zero_grad()
+        backward(model)
+        opt.synchronize()
+        out[f"{op}_small_equal"] = all(torch.equal(params[n].grad, ref[n]) for n in small)
+        out[f"{op}_large_equal"] = any(torch.equal(params[n].grad, ref[n])
+                                       for n in params if n not in small)
+        with opt.skip_synchronize():
+            opt.step()
+        small_bytes = 4 * sum(params[n].numel() for n in small)
+        out[f"{op}_horovod_bytes"] = [comp.last_stats.horovod_bytes, small_bytes]
+        out[f"{op}_compressed"] = [comp.last_stats.compressed_elements,
+                                   comp.last_stats.elements]
+    out["small"] = small
+    for policy in ("propagate", "raise"):
+        model, params, comp, opt = fresh(on_nonfinite=policy)
+        train(model, opt, 1)  # a finite step: state to keep
+        kept = comp.store.to_host()
+        params[small[0]].register_hook(lambda g: g * float("nan") if rank == 1 else g)
+        opt.zero_grad()
+        backward(model)
+        if policy == "raise":
+            out["raise"] = error_of(opt.synchronize)
+            continue
+        opt.synchronize()
+        out["propagate"] = {
+            "nan_tensor_all_nan": bool(torch.isnan(params[small[0]].grad).all()),
+            "others_zero": all(not bool(p.grad.any()) for n, p in params.items()
+                               if n != small[0]),
+            "state_unchanged": same_state(kept, comp.store.to_host()),
+            "skipped": comp.state_dict()["skipped"]}
+        with opt.skip_synchronize():
+            opt.step()
+
+
 {"ops": case_ops, "setup": case_setup, "amp": case_amp, "reuse": case_reuse,
- "params": case_params, "sets": case_sets}[CASE]()
+ "params": case_params, "sets": case_sets, "small": case_small}[CASE]()
 report(rank=rank, **out)
