@@ -4,7 +4,8 @@
 
 1. agree: the ranks hold the same (name, shape, dtype) list (``checks.agree``);
 2. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
-   ``min_compress_numel`` elements, or a preconditioner's warm-up) or compressed, decided from
+   ``min_compress_numel`` elements, or a preconditioner's warm-up; an entry ``by_horovod`` was
+   summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
    what every rank agrees on, before the finite check, so a NaN on one rank cannot change the
    split; then each tensor's status (``checks.OK``/``NONFINITE``/``UNSUPPORTED``);
 3. prepare: the preconditioner's ``before`` and the method's ``prepare`` (local work and the
@@ -49,6 +50,7 @@ class SkipStep(Exception):
 class Ticket:
     """The ``ctx`` Horovod hands back to ``decompress``."""
     __slots__ = ("key",)
+    DEFERRED = False  # a graph front end's ctx (TensorFlow's ``Deferred``) says True
 
     def __init__(self, key):
         self.key = key
@@ -67,9 +69,10 @@ class Entry:
     ``work``: the flat float32 working array (for every input dtype), a NumPy array for host
     data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
     entry ``by_horovod``); the preconditioner may replace it by what it sends.
-    ``by_horovod``: Horovod's own allreduce sums this tensor (it travels with the placeholder,
-    ``BatchedCompressor``); hvdcomp only takes part in the batch's agreement and finiteness
-    verdict, its status is set here and its result is a ``HorovodSum``.
+    ``by_horovod``: Horovod's own allreduce sums this tensor (``compress`` handed it to Horovod
+    as it is, see ``BatchedCompressor._horovod_sums``); hvdcomp holds it to the batch's agreement
+    and finiteness verdict only: its status is set here, from the tensor as compress() saw it,
+    and its result is a ``HorovodSum``.
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
@@ -255,7 +258,7 @@ class StepEngine:
         if like is None:
             return None
         out = xp.zeros_like(like)
-        if fill:
+        if fill:  # NaN
             out[...] = fill
         return out
 

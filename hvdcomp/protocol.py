@@ -4,7 +4,8 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
 
 1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
    returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
-   place of the gradient.
+   place of the gradient; a small tensor from a torch optimizer it returns as it is, for
+   Horovod's own allreduce to sum (``_horovod_sums``).
    No MPI happens here, so it is safe in autograd hooks.
 2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
    last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,

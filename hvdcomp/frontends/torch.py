@@ -14,6 +14,9 @@ from hvdcomp.frontends.naming import Caller, code_of, find, group_member, positi
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+# Eager: compress() records the tensor for this step's batch (TensorFlow's adapter defers).
+DEFERRED = False
+
 # How far above compress() the Horovod caller may be: a comprehension's frame (Python <= 3.11)
 # and a user's wrapper around the compressor fit.
 FRAMES = 6
