@@ -5,7 +5,7 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
 1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
    returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
    place of the gradient; a small tensor from a torch optimizer it returns as it is, for
-   Horovod's own allreduce to sum (``_horovod_sums``).
+   Horovod's own allreduce to sum (``horovod_sums``).
    No MPI happens here, so it is safe in autograd hooks.
 2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
    last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,
@@ -67,16 +67,16 @@ class BatchedCompressor:
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
     Common args (every method takes them as keywords, BinSGDM all but the last two):
-    ``on_nonfinite``: what a step with NaN/Inf in some rank's gradient does, on every rank alike
-    and with the compressor state left unchanged: 'propagate' (default; as Horovod's allreduce:
-    NaN for the non-finite tensors, zeros for the others, so AMP's GradScaler skips the step and
-    backs off; rank 0 logs the tensors and ranks), 'raise' (``NonFiniteGradientError``;
-    recommended outside mixed precision) or 'skip' (zeros for every tensor); ``seed`` (int >= 0);
-    ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or
-    'layerwise' (one bucket per tensor, for comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s, bandwidth
-    B/s)`` of one bucket's reduction for 'auto' (default: measured); ``min_compress_numel``:
-    tensors with fewer elements are summed uncompressed; ``precondition``: None (default),
-    'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
+    ``on_nonfinite``: what a step with NaN/Inf in some rank's gradient does, on every rank alike and
+    with the compressor state left unchanged: 'propagate' (default; as Horovod's allreduce: NaN for
+    the non-finite tensors, zeros for the others, so AMP's GradScaler skips the step and backs off;
+    rank 0 logs the tensors and ranks), 'raise' (``NonFiniteGradientError``; recommended outside
+    mixed precision) or 'skip' (zeros for every tensor); ``seed`` (int >= 0); ``fusion``: 'step'
+    (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or 'layerwise' (one bucket per
+    tensor, for comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s,
+    bandwidth B/s)`` of one bucket's reduction for 'auto' (default: measured);
+    ``min_compress_numel``: tensors with fewer elements are summed uncompressed; ``precondition``:
+    None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
     """
 
     method = "base"
@@ -147,7 +147,8 @@ class BatchedCompressor:
     # -- the Horovod Compressor protocol ------------------------------------------------------
     @default_instance
     def compress(self, tensor):
-        """Record ``tensor`` for this step's batch; return (placeholder, ctx)."""
+        """Record ``tensor`` for this step's batch; return (placeholder, or the tensor itself
+        where Horovod sums it (``horovod_sums``), ctx)."""
         adapter = adapter_for(tensor)
         ident = adapter.tensor_identity(tensor, self.method)  # or UnnamedTensorError
         with self._lock:
@@ -163,36 +164,19 @@ class BatchedCompressor:
             if getattr(adapter, "DEFERRED", False):
                 # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter
                 # builds, in decompress(), the per-step ops that call reduce_batch_now().
-                return (adapter.placeholder(tensor, self._placeholder_values()),
-                        adapter.Deferred(self, ident, tensor))
+                return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
             key = ident.name
             if key in self._pending_keys:
                 raise HvdcompError(
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
-            entry = Entry(key, tensor, adapter, self._horovod_sums(tensor, adapter, ident))
+            entry = Entry(key, tensor, adapter, horovod_sums(self, tensor, adapter, ident))
             self._pending.append(entry)
             self._pending_keys.add(key)
             if self._fusion is not None:
                 self._fusion.arrived(entry)
-        if entry.by_horovod:
-            return tensor, entry.ticket
-        return adapter.placeholder(tensor, self._placeholder_values()), entry.ticket
-
-    def _horovod_sums(self, tensor, adapter, ident):
-        """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``,
-        ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
-        hvdcomp would send uncompressed anyway (fewer than ``min_compress_numel`` elements, no
-        preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
-        (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then
-        costs a step what Horovod's uncompressed allreduce costs (no placeholder, copy or second
-        collective), and hvdcomp still holds each tensor to the batch's agreement and
-        finiteness verdict."""
-        return (self._fusion is None and self.preconditioner.name is None
-                and math.prod(tensor.shape) < self.min_compress_numel
-                and getattr(adapter, "horovod_may_sum", None) is not None
-                and adapter.horovod_may_sum(tensor, ident))
+        return (tensor if entry.by_horovod else _placeholder(adapter, tensor)), entry.ticket
 
     @default_instance
     def decompress(self, output, ctx):
@@ -212,10 +196,9 @@ class BatchedCompressor:
             if pending is None and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
             entry = pending or done[1]
-            adapter = entry.adapter
-            try:  # Horovod sums an entry by_horovod with a mean or sum op: factor unused
-                factor = 1 if entry.by_horovod else self.op_factor(adapter.reduced(output),
-                                                                   ctx.key)
+            try:  # Horovod applied the (mean or sum) op of an entry by_horovod itself
+                factor = 1 if entry.by_horovod else self.op_factor(
+                    entry.adapter.reduced(output), ctx.key)
             except UnsupportedOpError:
                 self._abandon_step()
                 self.engine.context()  # a launch without MPI ranks explains it: LaunchError
@@ -235,9 +218,6 @@ class BatchedCompressor:
         ``reduced()``; one value: unreduced, 1); ``UnsupportedOpError`` for any other op."""
         ranks = self.engine.ranks or range(world_size())
         return checks.reduction_factor(values, ranks, key, self.method, world_rank())
-
-    def _placeholder_values(self):
-        return checks.placeholder_values(world_rank())
 
     def _flush(self):
         entries, self._pending, self._pending_keys = self._pending, [], set()
@@ -333,3 +313,23 @@ class BatchedCompressor:
         if self._fusion.plan is None:
             return f"{self.method}: fusion='{self._fusion.mode}', no plan yet (first step: one batch)"
         return f"{self.method}: {self._fusion.plan.describe()}"
+
+
+def horovod_sums(compressor, tensor, adapter, ident):
+    """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
+    ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
+    ``compressor`` would send uncompressed anyway (fewer than ``min_compress_numel`` elements,
+    no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
+    (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
+    step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
+    collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
+    verdict."""
+    return (compressor._fusion is None and compressor.preconditioner.name is None
+            and math.prod(tensor.shape) < compressor.min_compress_numel
+            and getattr(adapter, "horovod_may_sum", None) is not None
+            and adapter.horovod_may_sum(tensor, ident))
+
+
+def _placeholder(adapter, tensor):
+    """What Horovod all-reduces in place of ``tensor`` (``checks.placeholder_values``)."""
+    return adapter.placeholder(tensor, checks.placeholder_values(world_rank()))
