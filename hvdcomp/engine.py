@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hvdcomp import checks
+from hvdcomp import checks, kernels
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.errors import HvdcompError
@@ -70,9 +70,9 @@ class Entry:
     data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
     entry ``by_horovod``); the preconditioner may replace it by what it sends.
     ``by_horovod``: Horovod's own allreduce sums this tensor (``compress`` handed it to Horovod
-    as it is, see ``BatchedCompressor._horovod_sums``); hvdcomp holds it to the batch's agreement
-    and finiteness verdict only: its status is set here, from the tensor as compress() saw it,
-    and its result is a ``HorovodSum``.
+    as it is, see ``hvdcomp.protocol.horovod_sums``); hvdcomp holds it to the batch's agreement
+    and finiteness verdict only: its status is set here, from the tensor as compress() saw it
+    (the adapter's ``all_finite``), and its result is a ``HorovodSum``.
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
@@ -88,7 +88,7 @@ class Entry:
         self.numel = math.prod(self.shape)
         self.by_horovod = self.dense = by_horovod
         if by_horovod:
-            self.status = checks.OK if xp.all_finite(tensor) else checks.NONFINITE
+            self.status = checks.OK if adapter.all_finite(tensor) else checks.NONFINITE
             self.work = None
         else:
             self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
@@ -132,6 +132,7 @@ class StepEngine:
         self.results = {}  # ticket -> (flat result, entry)
         self.phases = {}
         self.last_stats, self.total_stats = None, StepStats()
+        kernels.warm("finite")  # the check of the tensors Horovod sums (Entry.by_horovod)
 
     def phase(self, name):
         """A ``with`` block whose wall time is added to this batch's ``phases[name]``."""

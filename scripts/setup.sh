@@ -58,7 +58,7 @@ fi
 # the cache is current), so that no training job compiles them.
 warm_kernels() {
   "$VENV/bin/python" -c 'from hvdcomp import kernels
-for m in ("signs", "topk", "votes", "sketch"):
+for m in ("signs", "topk", "votes", "sketch", "finite"):
     kernels.warm(m)'
 }
 

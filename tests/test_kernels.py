@@ -266,3 +266,31 @@ def test_sketch_and_unsketch_match_the_reference(n, cols, rows):
     out = np.full(n, np.nan, np.float32)
     ks.unsketch(table, h.offsets, h.chunk_signs, n, out)
     assert np.array_equal(out, cs.unsketch(table, h))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 64, 1000, 8193])
+def test_finite_at_address_matches_numpy(n, dtype):
+    """``kernels.finite.all_finite_at``: what ``np.isfinite(x).all()`` says, for NaN, +Inf and
+    -Inf at the first, a middle and the last position, and for the largest finite values (which
+    a sum of squares would overflow); the torch adapter's check gives the same through a CPU
+    tensor's address."""
+    from hvdcomp.kernels.finite import all_finite_at
+    torch = pytest.importorskip("torch")
+    from hvdcomp.frontends import torch as adapter
+
+    def finite(x):
+        return all_finite_at(x.ctypes.data, x.size, x.itemsize)
+
+    x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+    assert finite(x) is True and adapter.all_finite(torch.from_numpy(x))
+    if n:
+        big = np.full(n, np.finfo(dtype).max, dtype)
+        assert finite(big) and adapter.all_finite(torch.from_numpy(big))
+        for bad in (np.nan, np.inf, -np.inf):
+            for pos in {0, n // 2, n - 1}:
+                y = x.copy()
+                y[pos] = bad
+                assert finite(y) is False and not adapter.all_finite(torch.from_numpy(y))
+    with pytest.raises(ValueError):
+        all_finite_at(x.ctypes.data, n, 2)

@@ -15,7 +15,10 @@ modules' docstrings):
   bits; the mean vote;
 - ``hvdcomp.kernels.sketch``: SketchFusion's table, every row filled in one pass over the
   input; the estimate of every position, the median over the sketch's rows taken as it is read,
-  one pass.
+  one pass;
+- ``hvdcomp.kernels.finite``: whether a small float32/float64 host buffer is finite, read in place
+  by its address (the check of every tensor Horovod sums for hvdcomp, once per tensor per step;
+  in ``ALWAYS``: used whenever numba is installed, as it replaces no reference computation).
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
@@ -50,20 +53,29 @@ JIT_OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 MODES = ("numba", "numpy")
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
+# Kernels that replace no NumPy reference path (nothing to compare bit for bit): they serve
+# whenever numba is installed, whatever ``HVDCOMP_KERNELS`` says.
+ALWAYS = ("finite",)
+
 _HAVE_NUMBA = None
+
+
+def installed():
+    """True when numba is installed."""
+    global _HAVE_NUMBA
+    if _HAVE_NUMBA is None:
+        _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+    return _HAVE_NUMBA
 
 
 def mode():
     """'numba' or 'numpy': the path selected by ``HVDCOMP_KERNELS`` (module docstring)."""
-    global _HAVE_NUMBA
-    if _HAVE_NUMBA is None:
-        _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
     want = os.environ.get(ENV, "").strip().lower()
     if want not in ("",) + MODES:
         raise ValueError(f"{ENV} must be one of {MODES}, got {want!r}")
-    if want == "numba" and not _HAVE_NUMBA:
+    if want == "numba" and not installed():
         raise ImportError(f"{ENV}=numba, but numba is not installed (pip install numba)")
-    return want or ("numba" if _HAVE_NUMBA else "numpy")
+    return want or ("numba" if installed() else "numpy")
 
 
 def active(*arrays):
@@ -83,12 +95,12 @@ _WARMED = set()
 
 def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
-    the kernels of ``module`` ('signs', 'topk', 'votes' or 'sketch') that a float32 training uses
-    (the first step, without memory, and the later ones, with it), so that a training's first steps
-    do not pay for it and LayerFusion's timings of them stay true. Called by the constructors of
-    the methods that use the kernels; once per module and process; nothing on the reference
-    path."""
-    if module in _WARMED or mode() != "numba":
+    the kernels of ``module`` ('signs', 'topk', 'votes', 'sketch' or 'finite') that a float32
+    training uses (the first step, without memory, and the later ones, with it), so that a
+    training's first steps do not pay for it and LayerFusion's timings of them stay true. Called by the constructors of
+    the methods that use the kernels (and of the step engine: 'finite'); once per module and
+    process; nothing on the reference path."""
+    if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return
     importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)
     _WARMED.add(module)
