@@ -97,9 +97,10 @@ def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
     the kernels of ``module`` ('signs', 'topk', 'votes', 'sketch' or 'finite') that a float32
     training uses (the first step, without memory, and the later ones, with it), so that a
-    training's first steps do not pay for it and LayerFusion's timings of them stay true. Called by the constructors of
-    the methods that use the kernels (and of the step engine: 'finite'); once per module and
-    process; nothing on the reference path."""
+    training's first steps do not pay for it and LayerFusion's timings of them stay true. Called
+    by the constructors of the methods that use the kernels and of the step engine ('finite');
+    once per module and process; nothing on the reference path (except the ``ALWAYS``
+    kernels)."""
     if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return
     importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)

@@ -38,22 +38,22 @@ def _pointer_to(bits):
 _words32, _words64 = _pointer_to(32), _pointer_to(64)
 
 
+@numba.njit(inline="always", **_JIT)
+def _no_exponent_all_ones(words, exponent):
+    bad = False
+    for i in range(words.shape[0]):
+        bad |= (words[i] & exponent) == exponent
+    return not bad
+
+
 @numba.njit(**_JIT)
 def _finite32(address, count):
-    words = numba.carray(_words32(address), (count,))
-    bad = False
-    for i in range(count):
-        bad |= (words[i] & _EXPONENT32) == _EXPONENT32
-    return not bad
+    return _no_exponent_all_ones(numba.carray(_words32(address), (count,)), _EXPONENT32)
 
 
 @numba.njit(**_JIT)
 def _finite64(address, count):
-    words = numba.carray(_words64(address), (count,))
-    bad = False
-    for i in range(count):
-        bad |= (words[i] & _EXPONENT64) == _EXPONENT64
-    return not bad
+    return _no_exponent_all_ones(numba.carray(_words64(address), (count,)), _EXPONENT64)
 
 
 def all_finite_at(address, count, itemsize):
