@@ -112,6 +112,7 @@ def test_cluster_cleans_up_after_failed_and_hung_jobs(two_hosts):
     failed = cluster("run", "--timeout", 120, "--", PYTHON, HELLO, "--fail", timeout=180,
                      check=False)
     assert failed.returncode != 0, failed.stdout
+    assert "killed after" not in failed.stdout  # the dead rank ended the job, not the timeout
     hung = cluster("run", "--timeout", 15, "--", PYTHON, HELLO, "--hang", timeout=120,
                    check=False)
     assert hung.returncode in (124, 137), hung.stdout

@@ -1,6 +1,6 @@
 """A tiny job for the emulated cluster (tests/test_cluster.py): every rank reports its host name,
 its address on the cluster link, and the result of an mpi4py allreduce; ``--fail`` makes rank 3
-exit with an error after the allreduce (the harness must still clean up)."""
+die (exit status 3, no MPI_Finalize) after the allreduce (the harness must still clean up)."""
 import json
 import os
 import socket
@@ -21,7 +21,9 @@ except OSError:
 print("RESULT " + json.dumps({"rank": rank, "size": size, "host": socket.gethostname(),
                               "sum": total, "big": big, "mac": mac}), flush=True)
 if "--fail" in sys.argv and rank == size - 1:
-    sys.exit(3)
+    # Dies as a crashed rank does: without MPI_Finalize (sys.exit would run mpi4py's finalize,
+    # which waits for the other ranks, stuck in the barrier, until the job's timeout).
+    os._exit(3)
 if "--hang" in sys.argv:
     if rank == size - 1:  # hangs; the others leave quietly (no busy-waiting barrier)
         import time
