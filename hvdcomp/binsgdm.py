@@ -133,9 +133,8 @@ class BinSGDM(BatchedCompressor):
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0
         with batch.phase("decode"):
-            mean = path.mean(total, ctx.size, like=batch.entries[0].work)
             for e in batch.entries:
-                out.append(mean[off:off + e.numel])
+                out.append(path.mean(total[off:off + e.numel], ctx.size, e))
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
@@ -174,10 +173,15 @@ class ReferencePath:
         bits = [unpack_signs(row, count, "int8") for row in rows]
         return alg.node_votes_total(bits, weight, dtype)
 
-    mean = staticmethod(alg.mean_vote)
+    @staticmethod
+    def mean(total, size, entry):
+        """``entry``'s step, the mean vote ``total / size`` (float32, like its ``work``) of its
+        slice ``total`` of the vote totals."""
+        return alg.mean_vote(total, size, like=entry.work)
 
 
 PROBABILITIES = "#p"  # the store's scratch key suffix of a tensor's vote probabilities
+VOTES = "#votes"  # the store's scratch key of a batch's votes (with the batch index)
 
 
 def _words32(key):
@@ -195,7 +199,8 @@ class FusedPath:
         dtype = batch.entries[0].work.dtype.type
         consts = [dtype(c) for c in (betas[0], 1 - betas[0], betas[1], 1 - betas[1], eps)]
         words = _words32(key)
-        out = np.empty(sum(e.numel for e in batch.entries), dtype=np.int8)
+        out = batch.store.scratch_bytes(f"{VOTES}{batch.index}",
+                                        sum(e.numel for e in batch.entries)).view(np.int8)
         off = 0
         for e in batch.entries:
             m, v = batch.store.get(e.key) or (None, None)
@@ -221,8 +226,10 @@ class FusedPath:
         return out
 
     @staticmethod
-    def mean(total, size, like=None):
+    def mean(total, size, entry):
+        """Written into the user's gradient where allowed (the votes were drawn from it: it is
+        read no more, ``hvdcomp.engine.Entry.result_buffer``)."""
         from hvdcomp.kernels import votes as kv
-        out = np.empty(total.shape[0], dtype=np.float32)
+        out = entry.result_buffer(entry.work, done_reading=True)
         kv.mean_vote(np.ascontiguousarray(total), size, out)
         return out

@@ -76,12 +76,16 @@ class Entry:
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
+    ``into``/``target``: where the step's result may be written instead of a new array
+    (``result_buffer``): a flat host view of the user's gradient ``target`` when the Horovod
+    caller (``identity``) lets it be overwritten, as Horovod's own in-place allreduce of a
+    DistributedOptimizer gradient does (the adapter's ``result_target``); else None.
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale")
+                 "own_scale", "into", "target")
 
-    def __init__(self, key, tensor, adapter, by_horovod=False):
+    def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
@@ -93,11 +97,35 @@ class Entry:
         else:
             self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
             self.work = adapter.working(tensor, "float32") if self.status == checks.OK else None
+        self.into = None if self.work is None else adapter.result_target(tensor, identity)
+        self.target = None if self.into is None else tensor
         self.compensated = self.owned = self.moments = self.own_scale = None
 
     def release(self):
-        """Drop the step's arrays (the result is kept elsewhere)."""
+        """Drop the step's arrays (the result is kept elsewhere; it may be ``into``)."""
         self.work = self.compensated = self.moments = None
+
+    def restore(self, flat, factor=1):
+        """``flat`` (this entry's result) times ``factor`` as a tensor like the input: the
+        input itself when the result was written into it (``into``)."""
+        if flat is self.into:
+            if factor != 1:
+                flat *= factor
+            return self.target
+        if factor != 1:
+            flat = flat * factor
+        return self.adapter.restore(flat, self.shape, self.dtype, self.device)
+
+    def result_buffer(self, like, done_reading=None):
+        """The array to write this entry's step into, shaped and typed like ``like`` (contents:
+        garbage): ``into`` (the user's gradient: no allocation) when the method reads the
+        gradient no more, else a new array. ``done_reading``: whether nothing the method still
+        reads is the working gradient; by default ``owned`` (the error-compensated vector the
+        decode reads is a buffer of the store, ``hvdcomp.feedback``)."""
+        free = self.owned if done_reading is None else done_reading
+        if free and self.into is not None and self.into.dtype == like.dtype:
+            return self.into
+        return xp.empty_like(like)
 
 
 class Batch:

@@ -171,7 +171,7 @@ class BatchedCompressor:
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
-            entry = Entry(key, tensor, adapter, horovod_sums(self, tensor, adapter, ident))
+            entry = Entry(key, tensor, adapter, horovod_sums(self, tensor, adapter, ident), ident)
             self._pending.append(entry)
             self._pending_keys.add(key)
             if self._fusion is not None:
@@ -208,9 +208,7 @@ class BatchedCompressor:
             flat, entry = self.engine.results.pop(ctx)
         if entry.by_horovod:  # Horovod's result; a skipped step fills it
             return output if flat.fill is None else output.fill_(flat.fill)
-        if factor != 1:
-            flat = flat * factor
-        return entry.adapter.restore(flat, entry.shape, entry.dtype, entry.device)
+        return entry.restore(flat, factor)
 
     def op_factor(self, values, key):
         """The factor of Horovod's reduction op for tensor ``key`` (1 for Average, the set's size

@@ -43,8 +43,9 @@ def message(batch):
 
 
 def decode_buffers(batch, entry):
-    """``(p, step, memory)`` for a fused decode of ``entry``: its compensated vector, a new
-    array for the step (it becomes the user's gradient) and where the new memory goes (``p``
-    itself when the method owns it, else the store's spare buffer)."""
+    """``(p, step, memory)`` for a fused decode of ``entry``: its compensated vector, the array
+    for the step (it becomes the user's gradient: ``Entry.result_buffer``, the gradient itself
+    where allowed) and where the new memory goes (``p`` itself when the method owns it, else the
+    store's spare buffer)."""
     p = entry.compensated
-    return p, np.empty_like(p), p if entry.owned else batch.store.spare(entry.key, p)
+    return p, entry.result_buffer(p), p if entry.owned else batch.store.spare(entry.key, p)

@@ -139,9 +139,15 @@ class SketchFusion(BatchedCompressor):
             # the fused vector is a new array (several tensors) or an owned buffer: the memory
             # is written into it; only a lone unowned gradient (a first step) is copied
             owned = len(entries) > 1 or entries[0].owned
-            applied, memory = alg.apply(fused, idx, sums, ctx.size, self.exact, copy=not owned)
-            for e in entries:
+            values = alg.step_values(sums, ctx.size, fused)
+            memory = alg.residual(fused, idx, values, self.exact, copy=not owned)
+            # each tensor's step is spread into its own buffer (the user's gradient where
+            # allowed: nothing reads the gradients any more), from its run of the sorted idx
+            cuts = xp.searchsorted(idx, np.cumsum([0] + [e.numel for e in entries]))
+            for t, e in enumerate(entries):
                 feedback.keep(batch, e, xp.from_host(memory[off:off + e.numel], e.work))
-                out.append(xp.from_host(applied[off:off + e.numel], e.work))
+                run = slice(cuts[t], cuts[t + 1])
+                out.append(alg.spread(values[run], idx[run] - off,
+                                      e.result_buffer(e.work, done_reading=True)))
                 off += e.numel
         return out

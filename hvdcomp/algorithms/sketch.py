@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from hvdcomp.backend import sketch as cs
+from hvdcomp.backend import xp
 from hvdcomp.backend.xp import _torch, is_torch
 
 
@@ -60,22 +61,40 @@ def select(table, h, k, device=None):
     return cs.heavy_hitters(table, h, k, device)
 
 
-def apply(a, indices, sums, size, exact=True, copy=True):
-    """``(applied, memory)`` (float32, length n, of ``a``'s kind and device) from this rank's
-    ``a`` (float32), the selected ``indices`` (of ``a``'s kind) and the summed values there
-    (exact sums or estimates; host or ``a``'s kind). ``copy=False``: the memory is written into
-    ``a`` itself (a buffer the caller owns)."""
-    if is_torch(a):
+def step_values(sums, size, like):
+    """The step at the selected positions: ``sums / size`` (exact sums or estimates, host or
+    ``like``'s kind) as float32 of ``like``'s kind and device."""
+    if is_torch(like):
         torch = _torch()
-        applied = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
-        applied[indices] = torch.as_tensor(sums, device=a.device).to(torch.float32) / size
-    else:
-        applied = np.empty(a.shape[0], dtype=np.float32)  # empty + fill: huge pages, not calloc's
-        applied.fill(0)
-        applied[indices] = np.asarray(sums, dtype=np.float32) / np.float32(size)
+        return torch.as_tensor(sums, device=like.device).to(torch.float32) / size
+    return np.asarray(sums, dtype=np.float32) / np.float32(size)
+
+
+def spread(values, indices, out):
+    """The step as a dense vector, written into ``out`` (float32, either kind): ``values`` at
+    ``indices`` (of ``out``'s kind), 0 elsewhere. Returns ``out``."""
+    out[...] = 0
+    out[indices] = values
+    return out
+
+
+def residual(a, indices, values, exact=True, copy=True):
+    """This rank's new memory from its ``a`` (float32), the selected ``indices`` and the step's
+    ``values`` there: ``a`` with zeros at them (``exact``: this rank gave its exact values) or
+    less ``values`` (estimates). ``copy=False``: written into ``a`` itself (a buffer the caller
+    owns)."""
     memory = (a.clone() if is_torch(a) else a.copy()) if copy else a
     if exact:
         memory[indices] = 0
     else:
-        memory[indices] -= applied[indices]
-    return applied, memory
+        memory[indices] -= values
+    return memory
+
+
+def apply(a, indices, sums, size, exact=True, copy=True):
+    """``(applied, memory)`` (float32, length n, of ``a``'s kind and device) from this rank's
+    ``a`` (float32), the selected ``indices`` (of ``a``'s kind) and the summed values there
+    (exact sums or estimates; host or ``a``'s kind): ``spread`` and ``residual``."""
+    values = step_values(sums, size, a)
+    applied = spread(values, indices, xp.empty_like(a))
+    return applied, residual(a, indices, values, exact, copy)

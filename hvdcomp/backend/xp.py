@@ -140,6 +140,16 @@ def empty_like(x):
     return np.empty_like(x)
 
 
+def searchsorted(sorted_values, points):
+    """Host int64 positions where ``points`` (host ints) would go in ``sorted_values`` (1-D,
+    ascending, of either kind: a device tensor is searched on its device), left side."""
+    if is_torch(sorted_values):
+        torch = _torch()
+        where = torch.as_tensor(np.asarray(points), device=sorted_values.device)
+        return to_host(torch.searchsorted(sorted_values, where.to(sorted_values.dtype)))
+    return np.searchsorted(sorted_values, points)
+
+
 _SIGN_BIT = {2: (np.uint16, 1 << 15), 4: (np.uint32, 1 << 31), 8: (np.uint64, 1 << 63)}
 
 

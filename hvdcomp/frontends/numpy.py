@@ -54,6 +54,11 @@ def working(tensor, dtype):
     return np.asarray(tensor).reshape(-1).astype(dtype, copy=False)
 
 
+def result_target(tensor, identity):
+    """None: a host array's result is always a new array (``compress`` is out of place)."""
+    return None
+
+
 def placeholder(tensor, values):
     """The placeholder: no allreduce runs on host arrays, so decompress() gets it back as it is
     and reads it as op=Average."""

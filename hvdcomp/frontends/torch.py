@@ -149,6 +149,20 @@ def working(tensor, dtype):
     return flat.numpy() if flat.device.type == "cpu" else flat
 
 
+def result_target(tensor, identity):
+    """A flat NumPy view of ``tensor`` that its reduced value may be written into, or None:
+    only the gradient a Horovod ``DistributedOptimizer`` hands over (``p.grad`` itself, dense,
+    contiguous, float32, on the CPU), which Horovod's own allreduce would overwrite in place too
+    (``allreduce_async_``) and whose ``p.grad.set_(decompress(...))`` then keeps it; never a
+    direct ``hvd.allreduce`` input (out of place) or Adasum's parameter."""
+    owner = identity.owner if identity is not None and identity.optimizer is not None else None
+    if (owner is not None and owner is not tensor and getattr(owner, "grad", None) is tensor
+            and tensor.dtype == torch.float32 and tensor.is_cpu and not tensor.is_sparse
+            and tensor.is_contiguous() and not tensor.requires_grad):
+        return tensor.numpy().reshape(-1)
+    return None
+
+
 def placeholder(tensor, values):
     """What goes through Horovod's allreduce instead of the gradient: ``values``
     (``hvdcomp.checks.placeholder_values``), whose reduced value tells decompress() the reduction
