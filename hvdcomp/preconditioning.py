@@ -21,6 +21,7 @@ from hvdcomp.algorithms import adam
 from hvdcomp.algorithms import precondition as rms
 
 CHOICES = (None, "rms", "adam")
+WORK = "-work"  # the store's scratch key suffix of a temporary
 
 
 class Identity:
@@ -45,7 +46,9 @@ class Rms(Identity):
     def before(self, entries, store):
         for e in entries:
             key = f"{e.key}#rms"
-            e.work, new_state = rms.step(store.get(key, like=e.work), e.work)
+            # v into the spare of the state, u (what is sent) into a kept work buffer
+            buffers = (store.spare(key, e.work, part=1), store.scratch(key, e.work))
+            e.work, new_state = rms.step(store.get(key, like=e.work), e.work, out=buffers)
             store.put(key, new_state)
 
 
@@ -62,7 +65,10 @@ class Adam(Identity):
 
     def before(self, entries, store):
         for e in entries:
-            e.work = adam.message(store.get(f"{e.key}#adam", like=e.work), e.work, self.adam)
+            key = f"{e.key}#adam"
+            # the momentum sent, and a temporary: kept work buffers (not state)
+            buffers = (store.scratch(key, e.work), store.scratch(key + WORK, e.work))
+            e.work = adam.message(store.get(key, like=e.work), e.work, self.adam, out=buffers)
 
     def after(self, entries, reduced, store, phase):
         with phase("decode"):
@@ -71,7 +77,12 @@ class Adam(Identity):
                     continue
                 key = f"{e.key}#adam"
                 state = store.get(key, like=reduced[e.key])
-                reduced[e.key], new_state = adam.update(state, reduced[e.key], e.dense, self.adam)
+                # the new (m, v) into the spares of the state; u into the reduced mean itself
+                like = reduced[e.key]
+                buffers = (store.spare(key, like, part=1), store.spare(key, like, part=2),
+                           store.scratch(key + WORK, like))
+                reduced[e.key], new_state = adam.update(state, like, e.dense, self.adam,
+                                                        out=buffers)
                 store.put(key, new_state)
 
 

@@ -73,3 +73,41 @@ def test_precondition_argument():
     assert hvdcomp.SketchFusion(precondition="rms").adam is None
     with pytest.raises(ValueError, match="precondition"):
         hvdcomp.Marsit(precondition="adamw")
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_preconditioners_give_the_same_bits_into_kept_buffers(kind):
+    """adam.message / adam.update and the 'rms' step, written into kept buffers (what the
+    preconditioners do in a steady step, allocating nothing), give the bits of their fresh-array
+    form, leave the previous state intact, and (adam.update) write u into the reduced mean."""
+    from hvdcomp.algorithms import precondition as rms
+    settings = adam.AdamSettings(betas=(0.8, 0.99), warmup=2)
+    rng = np.random.default_rng(2)
+    wrap = (lambda a: a) if kind == "numpy" else torch.from_numpy
+    host = (lambda a: a) if kind == "numpy" else (lambda t: t.numpy())
+
+    def fresh(n):
+        return wrap(np.full(n, np.nan, np.float32))  # garbage: every element must be written
+
+    state = rstate = None
+    for step in range(4):
+        g, reduced = (wrap(rng.standard_normal(64).astype(np.float32)) for _ in range(2))
+        kept = None if state is None else [host(x).copy() for x in state[1:]]
+        sent = adam.message(state, g, settings)
+        sent_kept = adam.message(state, g, settings, out=(fresh(64), fresh(64)))
+        assert np.array_equal(host(sent), host(sent_kept))
+        dense = adam.is_dense(state, settings)
+        u, new = adam.update(state, reduced, dense, settings)
+        into = reduced.copy() if kind == "numpy" else reduced.clone()
+        u_kept, new_kept = adam.update(state, into, dense, settings,
+                                       out=(fresh(64), fresh(64), fresh(64)))
+        assert u_kept is into and np.array_equal(host(u), host(u_kept)), step
+        assert all(np.array_equal(host(a), host(b)) for a, b in zip(new[1:], new_kept[1:]))
+        if kept is not None:
+            assert all(np.array_equal(host(a), b) for a, b in zip(state[1:], kept))
+        state = new_kept
+        r_u, r_new = rms.step(rstate, g)
+        r_u_kept, r_new_kept = rms.step(rstate, g, out=(fresh(64), fresh(64)))
+        assert np.array_equal(host(r_u), host(r_u_kept))
+        assert np.array_equal(host(r_new[1]), host(r_new_kept[1]))
+        rstate = r_new_kept

@@ -1,23 +1,28 @@
 """A steady training step allocates no full-size host array (issue #18): through the stock
 hvd.DistributedOptimizer on 2 real ranks, each method writes the step into the user's gradient
-(as Horovod's own in-place allreduce does) and keeps its state and work buffers across steps;
-what a step still allocates is message-sized (packed bits, index lists, vote totals). A direct
-``hvd.allreduce`` stays out of place."""
+(as Horovod's own in-place allreduce does) and keeps its state and work buffers across steps,
+preconditioners included; what a step still allocates is message-sized (packed bits, index
+lists, vote totals). A direct ``hvd.allreduce`` stays out of place."""
 import pytest
 
 from mpirun import results, run
 
-NAMES = ["marsit", "marsit-auto", "efsignsgd", "topk", "sketchfusion-bare", "binsgdm"]
+# (names, warm-up steps before the measured ones: past precondition='adam' and its dense warm-up)
+CASES = {"methods": (["none", "marsit", "marsit-auto", "efsignsgd", "topk", "sketchfusion-bare",
+                      "binsgdm"], 3),
+         "preconditioned": (["marsit-rms", "marsit-adam", "topk-adam"], 12)}
 # in units of the gradient's bytes: one full-size float32 array alone is 1.0; the largest
 # message-sized arrays left are BinSGDM's int8 vote totals (0.25)
 LIMIT = 0.5
 
 
 @pytest.mark.timeout(300)
-def test_steady_step_allocates_no_full_size_array():
-    by_rank = results(run(2, "steady_allocation.py", "none", *NAMES, timeout=240))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_steady_step_allocates_no_full_size_array(case):
+    names, warm = CASES[case]
+    by_rank = results(run(2, "steady_allocation.py", *names, "--warm", warm, timeout=240))
     assert sorted(by_rank) == [0, 1]
-    for name in ["none", *NAMES]:
+    for name in names:
         rows = [by_rank[r]["methods"][name] for r in (0, 1)]
         assert rows[0]["digest"] == rows[1]["digest"], name  # bit-identical ranks
         for rank, row in enumerate(rows):

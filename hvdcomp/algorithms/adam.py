@@ -57,38 +57,43 @@ def is_dense(state, settings):
     return (0 if state is None else int(state[0])) < settings.warmup
 
 
-def message(state, g, settings):
+def message(state, g, settings, out=None):
     """What this rank sends for gradient ``g``: ``g`` itself in a warm-up step, else its momentum
-    ``b1 m + (1-b1) g`` (a fresh array; ``state`` is not modified)."""
+    ``b1 m + (1-b1) g`` (``state`` is not modified). ``out``: ``(message, work)``, buffers like
+    ``g`` for the momentum and a temporary (neither may be ``state``'s or ``g``); by default
+    fresh arrays. The same operations either way, so the same numbers."""
     if is_dense(state, settings):  # always so for state None: warmup >= 1
         return g
     b1 = settings.betas[0]
-    out = g * (1.0 - b1)
-    out += b1 * state[1]
-    return out
+    msg, work = out if out is not None else (xp.empty_like(g), xp.empty_like(g))
+    xp.multiply(g, 1.0 - b1, out=msg)
+    msg += xp.multiply(state[1], b1, out=work)
+    return msg
 
 
-def update(state, reduced, dense, settings):
+def update(state, reduced, dense, settings, out=None):
     """``(u, new_state)`` from ``reduced``, the mean over ranks of this step's messages (``dense``:
     whether it was a warm-up step, i.e. the mean gradient rather than the new momentum). ``u`` is
-    Adam's step direction (fresh array); ``state`` is not modified, so a step that does not land
-    leaves it intact."""
+    Adam's step direction; ``state`` is not modified, so a step that does not land leaves it
+    intact. ``out``: ``(m, v, work)``, buffers like ``reduced`` for the new moments and a
+    temporary (none of them ``state``'s or ``reduced``); then ``u`` is written into ``reduced``
+    itself. By default fresh arrays (``reduced`` is not modified). The same numbers either way."""
     (b1, b2), eps = settings.betas, settings.eps
     t = 1 if state is None else int(state[0]) + 1
+    m, v, work = out if out is not None else (xp.empty_like(reduced) for _ in range(3))
     if dense:
-        m = reduced * (1.0 - b1)
+        xp.multiply(reduced, 1.0 - b1, out=m)
         if state is not None:
-            m += b1 * state[1]
-        square = reduced * reduced
+            m += xp.multiply(state[1], b1, out=work)
+        xp.multiply(reduced, reduced, out=v)
     else:
-        m = reduced + 0.0  # the compressed mean is the new momentum (copied: it is returned too)
-        square = m * m
-    v = square
+        xp.add(reduced, 0.0, out=m)  # the compressed mean is the new momentum
+        xp.multiply(m, m, out=v)
     v *= 1.0 - b2
     if state is not None:
-        v += b2 * state[2]
-    denom = xp.sqrt(v * (1.0 / (1.0 - b2 ** t)))
+        v += xp.multiply(state[2], b2, out=work)
+    denom = xp.sqrt(xp.multiply(v, 1.0 / (1.0 - b2 ** t), out=work), out=work)
     denom += eps
-    u = m * (1.0 / (1.0 - b1 ** t))
+    u = xp.multiply(m, 1.0 / (1.0 - b1 ** t), out=reduced if out is not None else None)
     u /= denom
     return u, (t, m, v)

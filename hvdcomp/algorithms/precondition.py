@@ -24,15 +24,18 @@ BETA2 = 0.999
 EPS = 1e-8
 
 
-def step(state, g, beta2=BETA2, eps=EPS):
-    """``(u, new_state)``: ``u = g / (sqrt(v_hat) + eps)`` (a fresh array like ``g``) and this
-    step's ``(t, v)``. ``state`` is the previous step's ``(t, v)`` (None at first) and is not
-    modified, so a step that is rolled back or skipped leaves it intact."""
+def step(state, g, beta2=BETA2, eps=EPS, out=None):
+    """``(u, new_state)``: ``u = g / (sqrt(v_hat) + eps)`` (like ``g``) and this step's
+    ``(t, v)``. ``state`` is the previous step's ``(t, v)`` (None at first) and is not
+    modified, so a step that is rolled back or skipped leaves it intact. ``out``: ``(v, u)``,
+    buffers like ``g`` to write them into (neither may be ``state``'s v or ``g``); by default
+    fresh arrays. The same operations either way, so the same numbers."""
     t = 1 if state is None else int(state[0]) + 1
-    v = g * g
+    v, u = out if out is not None else (xp.empty_like(g), xp.empty_like(g))
+    xp.multiply(g, g, out=v)
     v *= 1.0 - beta2
     if state is not None:
-        v += beta2 * state[1]
-    denom = xp.sqrt(v * (1.0 / (1.0 - beta2 ** t)))
+        v += xp.multiply(state[1], beta2, out=u)
+    denom = xp.sqrt(xp.multiply(v, 1.0 / (1.0 - beta2 ** t), out=u), out=u)
     denom += eps
-    return g / denom, (t, v)
+    return xp.divide(g, denom, out=u), (t, v)

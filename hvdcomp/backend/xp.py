@@ -116,11 +116,26 @@ def all_finite(x):
     return math.isfinite(quick) or bool(np.isfinite(flat).all())
 
 
-def sqrt(x):
-    """Element-wise square root (a fresh array)."""
+def sqrt(x, out=None):
+    """Element-wise square root (into ``out``, which may be ``x``; else a fresh array)."""
     if is_torch(x):
-        return _torch().sqrt(x)
-    return np.sqrt(x)
+        return _torch().sqrt(x, out=out)
+    return np.sqrt(x, out=out)
+
+
+def multiply(a, b, out=None):
+    """``a * b`` (``b`` an array like ``a`` or a Python scalar) into ``out`` (else a fresh
+    array); returns it."""
+    if is_torch(a):
+        return _torch().mul(a, b, out=out)
+    return np.multiply(a, b, out=out)
+
+
+def divide(a, b, out):
+    """``out = a / b`` (elementwise, same kind, shape and dtype); returns ``out``."""
+    if is_torch(a):
+        return _torch().div(a, b, out=out)
+    return np.divide(a, b, out=out)
 
 
 def zeros_like(x):

@@ -1,9 +1,9 @@
 """What a steady training step allocates on the host, through the stock hvd.DistributedOptimizer.
 
-    mpirun -np 2 python tests/mpi/steady_allocation.py NAME [NAME ...] [--steps 3]
+    mpirun -np 2 python tests/mpi/steady_allocation.py NAME [NAME ...] [--steps 3] [--warm 3]
 
 For each compression NAME (tests/variants.py, or Horovod's 'none'), a fresh 2-layer MLP of ~1M
-float32 parameters trains ``WARM`` steps, then ``--steps`` steady steps (forward, backward,
+float32 parameters trains ``--warm`` steps, then ``--steps`` steady steps (forward, backward,
 ``step()``) under tracemalloc. Reported per rank (``report``): ``peak``, the most host memory
 NumPy held during a steady step above what was live before it, in units of the gradient's bytes
 (hvdcomp's arrays are NumPy's; Torch's own CPU tensors are not traced, nor Horovod's buffers);
@@ -22,10 +22,10 @@ import torch
 from report import report
 from torch_common import compression_for, digest
 
-WARM = 3  # steps before the measured ones: the state and its spare buffers exist after two
+WARM = 3  # steps before the measured ones (--warm): the state and its spares exist after two
 
 
-def train(name, steps):
+def train(name, steps, warm=WARM):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 512))
@@ -37,9 +37,9 @@ def train(name, steps):
     big = [p for p in model.parameters() if p.numel() >= 1024]
     grad_bytes = sum(p.numel() * 4 for p in model.parameters())
     peaks, in_place = [], True
-    for step in range(WARM + steps):
+    for step in range(warm + steps):
         x = torch.randn(64, 512, generator=gen)
-        steady = step >= WARM
+        steady = step >= warm
         if steady:
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
@@ -69,11 +69,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="+")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=WARM, help="e.g. 12: past the dense warm-up of "
+                    "precondition='adam' (10 steps by default)")
     args = ap.parse_args()
     hvd.init()
     out = {}
     for name in args.names:
-        peak, in_place, dig = train(name, args.steps)
+        peak, in_place, dig = train(name, args.steps, args.warm)
         out[name] = {"peak": peak, "in_place": in_place, "digest": dig,
                      "direct_out_of_place": name == "none" or direct_call_is_out_of_place(name)}
         if hvd.rank() == 0:
