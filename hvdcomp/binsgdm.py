@@ -180,7 +180,7 @@ class ReferencePath:
         return alg.mean_vote(total, size, like=entry.work)
 
 
-PROBABILITIES = "#p"  # the store's scratch key suffix of a tensor's vote probabilities
+PROBABILITIES = "#p"  # the store's scratch key of the vote probabilities of a block of elements
 VOTES = "#votes"  # the store's scratch key of a batch's votes (with the batch index)
 
 
@@ -201,12 +201,13 @@ class FusedPath:
         words = _words32(key)
         out = batch.store.scratch_bytes(f"{VOTES}{batch.index}",
                                         sum(e.numel for e in batch.entries)).view(np.int8)
+        block = batch.store.scratch_bytes(
+            PROBABILITIES, kv.PROBABILITY_BLOCK * np.dtype(dtype).itemsize).view(dtype)
         off = 0
         for e in batch.entries:
             m, v = batch.store.get(e.key) or (None, None)
             e.moments = tuple(batch.store.spare(e.key, e.work, part) for part in (0, 1))
-            kv.moments_votes(e.work, m, v, *consts, *words, off, *e.moments,
-                             batch.store.scratch(e.key + PROBABILITIES, e.work), out)
+            kv.moments_votes(e.work, m, v, *consts, *words, off, *e.moments, block, out)
             off += e.numel
         return out
 

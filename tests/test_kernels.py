@@ -205,7 +205,8 @@ def test_training_is_bit_identical_with_either_path(name):
 @pytest.mark.parametrize("first", [True, False])
 def test_binsgdm_moments_and_votes_match_the_reference(n, first):
     """One pass of ``votes.moments_votes`` = update_moments + direction + binarise (the votes
-    drawn from the counter stream at the fused position), bit for bit, at an offset."""
+    drawn from the counter stream at the fused position), bit for bit, at an offset, with any
+    size of the probabilities' block buffer."""
     from hvdcomp.algorithms import binsgdm as bs
     from hvdcomp.backend import stochastic
     from hvdcomp.kernels import votes as kv
@@ -216,13 +217,14 @@ def test_binsgdm_moments_and_votes_match_the_reference(n, first):
     want = np.full(n + off, 7, np.int8)
     u = np.concatenate([np.zeros(off, np.float32), bs.direction(m, v, eps)])
     want[off:] = bs.binarise(u, key)[off:]
-    got, m_out, v_out = np.full(n + off, 7, np.int8), np.empty_like(g), np.empty_like(g)
     c = [np.float32(x) for x in (b1, 1 - b1, b2, 1 - b2, eps)]
     words = [np.uint32(w) for w in stochastic.words(key)]
-    kv.moments_votes(g, *(state or (None, None)), *c, *words, off, m_out, v_out,
-                     np.empty_like(g), got)
-    assert _same(m_out, m) and _same(v_out, v) and _same(got[off:], want[off:])
-    assert (got[:off] == 7).all()
+    for block in (g.size, 3, kv.PROBABILITY_BLOCK):  # whole, odd-sized and the kernel's blocks
+        got, m_out, v_out = np.full(n + off, 7, np.int8), np.empty_like(g), np.empty_like(g)
+        kv.moments_votes(g, *(state or (None, None)), *c, *words, off, m_out, v_out,
+                         np.empty(block, g.dtype), got)
+        assert _same(m_out, m) and _same(v_out, v) and _same(got[off:], want[off:]), block
+        assert (got[:off] == 7).all()
 
 
 @pytest.mark.parametrize("node_size,nodes", [(1, 2), (2, 2), (3, 4)])

@@ -39,33 +39,56 @@ def _draw(i, w0, w1):
     return _fmix32(np.uint32(_fmix32(np.uint32(np.uint32(i) ^ w0)) ^ w1)) >> np.uint32(8)
 
 
+PROBABILITY_BLOCK = 16384  # elements per block of moments_votes (their probabilities stay in L2)
+
+
+@numba.njit(inline="always", **_JIT)
+def _probability(mi, vi, eps, one, half):
+    """``p = (clip(m / (v + eps), -1, 1) + 1) / 2``, the reference's float operations."""
+    u = mi / (vi + eps)
+    u = one if u > one else u
+    u = -one if u < -one else u
+    return (u + one) * half
+
+
 @numba.njit(**_JIT)
 def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out, p, votes):
     """BinSGDM's encode of one tensor: ``m_out, v_out`` = the new moments (``m``, ``v`` None:
     the first step, ``g`` and ``|g|``), ``u = clip(m / (v + eps), -1, 1)``, ``p = (u + 1) / 2``
-    (into the work buffer ``p``) and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``.
-    Two loops (the moments, then the draws), each of which LLVM vectorises; as one loop neither
-    is (2x slower). The scalars are the reference's float32 constants (``omb1 = 1 - b1``
-    rounded, ...); ``w0``, ``w1`` the stream's words (uint32). ``U < p`` is tested as
+    and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``. ``p`` is a work buffer of
+    any length >= 1: the elements go in blocks of ``len(p)``, each in two loops (the moments
+    and probabilities, then the draws), each of which LLVM vectorises (as one loop neither is:
+    2x slower); a block's probabilities stay in cache (``PROBABILITY_BLOCK``) instead of making
+    a round trip through memory. Every loop indexes zero-based slices (no negative-index
+    checks). The scalars are the reference's float32 constants (``omb1 = 1 - b1`` rounded,
+    ...); ``w0``, ``w1`` the stream's words (uint32). ``U < p`` is tested as
     ``k < p * 2**24`` (exact: a power-of-two scaling of both sides)."""
     one, half = g.dtype.type(1.0), g.dtype.type(0.5)
-    for i in range(g.shape[0]):
-        gi = g[i]
+    n, block = g.shape[0], p.shape[0]
+    for lo in range(0, n, block):
+        k = min(block, n - lo)
+        gb, mo, vo, pb = g[lo:lo + k], m_out[lo:lo + k], v_out[lo:lo + k], p[:k]
         if m is None:
-            mi = gi * one
-            vi = abs(gi)
+            for i in range(k):
+                gi = gb[i]
+                mi = gi * one
+                vi = abs(gi)
+                mo[i] = mi
+                vo[i] = vi
+                pb[i] = _probability(mi, vi, eps, one, half)
         else:
-            mi = m[i] * b1 + gi * omb1
-            vi = v[i] * b2 + abs(gi) * omb2
-        m_out[i] = mi
-        v_out[i] = vi
-        u = mi / (vi + eps)
-        u = one if u > one else u
-        u = -one if u < -one else u
-        p[i] = (u + one) * half
-    for i in range(g.shape[0]):
-        k = np.float32(_draw(offset + i, w0, w1))
-        votes[offset + i] = np.int8(1) if k < p[i] * _SCALE else np.int8(-1)
+            mb, vb = m[lo:lo + k], v[lo:lo + k]
+            for i in range(k):
+                gi = gb[i]
+                mi = mb[i] * b1 + gi * omb1
+                vi = vb[i] * b2 + abs(gi) * omb2
+                mo[i] = mi
+                vo[i] = vi
+                pb[i] = _probability(mi, vi, eps, one, half)
+        vts = votes[offset + lo:offset + lo + k]
+        for i in range(k):
+            d = np.float32(_draw(offset + lo + i, w0, w1))
+            vts[i] = np.int8(1) if d < pb[i] * _SCALE else np.int8(-1)
 
 
 def rebinarise_thresholds(node_size):
