@@ -66,9 +66,12 @@ class Adam(Identity):
     def before(self, entries, store):
         for e in entries:
             key = f"{e.key}#adam"
+            state = store.get(key, like=e.work)
+            if adam.is_dense(state, self.adam):
+                continue  # a warm-up step sends the gradient itself (no buffers taken)
             # the momentum sent, and a temporary: kept work buffers (not state)
             buffers = (store.scratch(key, e.work), store.scratch(key + WORK, e.work))
-            e.work = adam.message(store.get(key, like=e.work), e.work, self.adam, out=buffers)
+            e.work = adam.message(state, e.work, self.adam, out=buffers)
 
     def after(self, entries, reduced, store, phase):
         with phase("decode"):
