@@ -147,7 +147,7 @@ class SketchFusion(BatchedCompressor):
             for t, e in enumerate(entries):
                 feedback.keep(batch, e, xp.from_host(memory[off:off + e.numel], e.work))
                 run = slice(cuts[t], cuts[t + 1])
-                out.append(alg.spread(values[run], idx[run] - off,
-                                      e.result_buffer(e.work, done_reading=True)))
+                out.append(xp.spread(values[run], idx[run] - off,
+                                     e.result_buffer(e.work, done_reading=True)))
                 off += e.numel
         return out

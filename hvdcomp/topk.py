@@ -172,9 +172,8 @@ class TopK(BatchedCompressor):
             for t, e in enumerate(entries):
                 off, a = bounds[t], e.compensated
                 gsl, ssl = slice(cut_g[t], cut_g[t + 1]), slice(cut_s[t], cut_s[t + 1])
-                step = e.result_buffer(a)
-                step[...] = 0
-                step[xp.from_host(gidx[gsl] - off, a)] = xp.from_host(gsum[gsl] / size, a)
+                step = xp.spread(xp.from_host(gsum[gsl] / size, a),
+                                 xp.from_host(gidx[gsl] - off, a), e.result_buffer(a))
                 sent_won = idx[ssl][won[ssl]] - off
                 # an unowned ``a`` is the working gradient (maybe the user's): copied
                 feedback.keep(batch, e, alg.new_memory(a, xp.from_host(sent_won, a),

@@ -70,14 +70,6 @@ def step_values(sums, size, like):
     return np.asarray(sums, dtype=np.float32) / np.float32(size)
 
 
-def spread(values, indices, out):
-    """The step as a dense vector, written into ``out`` (float32, either kind): ``values`` at
-    ``indices`` (of ``out``'s kind), 0 elsewhere. Returns ``out``."""
-    out[...] = 0
-    out[indices] = values
-    return out
-
-
 def residual(a, indices, values, exact=True, copy=True):
     """This rank's new memory from its ``a`` (float32), the selected ``indices`` and the step's
     ``values`` there: ``a`` with zeros at them (``exact``: this rank gave its exact values) or
@@ -94,7 +86,8 @@ def residual(a, indices, values, exact=True, copy=True):
 def apply(a, indices, sums, size, exact=True, copy=True):
     """``(applied, memory)`` (float32, length n, of ``a``'s kind and device) from this rank's
     ``a`` (float32), the selected ``indices`` (of ``a``'s kind) and the summed values there
-    (exact sums or estimates; host or ``a``'s kind): ``spread`` and ``residual``."""
+    (exact sums or estimates; host or ``a``'s kind): ``step_values`` spread over ``a``'s length
+    (``xp.spread``) and ``residual``."""
     values = step_values(sums, size, a)
-    applied = spread(values, indices, xp.empty_like(a))
+    applied = xp.spread(values, indices, xp.empty_like(a))
     return applied, residual(a, indices, values, exact, copy)

@@ -155,6 +155,14 @@ def empty_like(x):
     return np.empty_like(x)
 
 
+def spread(values, indices, out):
+    """A sparse vector made dense in ``out`` (either kind): ``values`` at ``indices`` (both of
+    ``out``'s kind), 0 elsewhere. Returns ``out``."""
+    out[...] = 0
+    out[indices] = values
+    return out
+
+
 def searchsorted(sorted_values, points):
     """Host int64 positions where ``points`` (host ints) would go in ``sorted_values`` (1-D,
     ascending, of either kind: a device tensor is searched on its device), left side."""
