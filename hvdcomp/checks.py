@@ -2,11 +2,12 @@
 
 A batch is checked in three places of the step engine (``hvdcomp.engine``):
 
-1. ``agree``: before anything else, every rank contributes a fingerprint of its batch's
+1. ``agree``: before anything is reduced, every rank contributes a fingerprint of its batch's
    (name, shape, dtype) list; any difference raises ``RankMismatchError`` on every rank, naming
    the tensors and ranks.
 2. ``verdict``: after one small all-gather of every tensor's status (``OK``, ``NONFINITE``,
-   ``UNSUPPORTED``), an unsupported dtype raises ``UnsupportedTensorError`` and a NaN/Inf raises
+   ``UNSUPPORTED``; skipped when ``agree`` saw every status OK and nothing is compressed), an
+   unsupported dtype raises ``UnsupportedTensorError`` and a NaN/Inf raises
    ``NonFiniteGradientError`` (or, with ``on_nonfinite='skip'``, asks for the step to be skipped),
    on every rank, since every rank sees the same gathered statuses.
 3. ``reduction_factor``: in ``decompress``, what Horovod reduced the placeholder
@@ -58,8 +59,7 @@ def fingerprint(entries, setup=None):
     the compressor's ``setup`` (class and settings, a dict of plain values)."""
     h = hashlib.blake2b(digest_size=8)
     h.update(repr(sorted((setup or {}).items())).encode())
-    for e in entries:
-        h.update(f"{e.key}|{tuple(e.shape)}|{e.dtype_name}\n".encode())
+    h.update(b"".join(e.signature() for e in entries))
     v = int.from_bytes(h.digest(), "little")
     return [float(v & 0x3FFFFFF), float((v >> 26) & 0x3FFFFFF)]
 
@@ -67,13 +67,14 @@ def fingerprint(entries, setup=None):
 def agree(ctx, entries, who, step, setup):
     """Raise on every rank unless every rank holds the same batch (names, shapes and dtypes, in
     the same order; ``RankMismatchError``) and reduces it with the same compressor ``setup``
-    (class and settings; ``SetupMismatchError``). One small all-gather when the ranks agree."""
-    header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup),
-                        dtype=np.float64)
+    (class and settings; ``SetupMismatchError``). One small all-gather when the ranks agree.
+    Returns whether some rank has an entry whose ``status`` is not ``OK``."""
+    header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup)
+                        + [sum(e.status != OK for e in entries)], dtype=np.float64)
     rows = ctx.allgather_array(header)
-    if (rows == rows[0]).all():
-        return
-    if not (rows[:, 3:] == rows[0, 3:]).all():
+    if (rows[:, :5] == rows[0, :5]).all():
+        return bool(rows[:, 5].any())
+    if not (rows[:, 3:5] == rows[0, 3:5]).all():
         setups = ctx.allgather_object(setup)
         raise SetupMismatchError(
             f"{who}: ranks use different compressors or settings at step {step}: "

@@ -2,15 +2,18 @@
 
 ``StepEngine.process(entries)`` runs, for a batch sorted identically on every rank:
 
-1. agree: the ranks hold the same (name, shape, dtype) list (``checks.agree``);
-2. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
+1. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
    ``min_compress_numel`` elements, or a preconditioner's warm-up; an entry ``by_horovod`` was
    summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
-   what every rank agrees on, before the finite check, so a NaN on one rank cannot change the
-   split; then each tensor's status (``checks.OK``/``NONFINITE``/``UNSUPPORTED``);
+   what every rank must agree on (the next step checks it), before the finite check, so a NaN on
+   one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
+   ``UNSUPPORTED``);
+2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings
+   (``checks.agree``; its all-gather also tells whether any rank has a tensor that is not OK);
 3. prepare: the preconditioner's ``before`` and the method's ``prepare`` (local work and the
    per-tensor scalars, nothing communicated, no state committed);
-4. gather scalars: one all-gather of every tensor's status and the method's scalars;
+4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
+   nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
 6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float ring
    all-reduce for the dense ones; the preconditioner's ``after``;
@@ -85,7 +88,7 @@ class Entry:
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target")
+                 "own_scale", "into", "target", "_signature")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
@@ -102,6 +105,14 @@ class Entry:
         self.into = None if self.work is None else adapter.result_target(tensor, identity)
         self.target = None if self.into is None else tensor
         self.compensated = self.owned = self.moments = self.own_scale = None
+        self._signature = None
+
+    def signature(self):
+        """``name|shape|dtype`` and a newline, as bytes: what ``checks.fingerprint`` hashes
+        (made once per entry; a renewed entry keeps its name, shape and dtype)."""
+        if self._signature is None:
+            self._signature = f"{self.key}|{tuple(self.shape)}|{self.dtype_name}\n".encode()
+        return self._signature
 
     def renew(self, tensor):
         """Make this entry ``by_horovod`` the entry of ``tensor``, the same key's gradient in a
@@ -196,22 +207,30 @@ class StepEngine:
                 f"hvdcomp.{type(self.method).__name__}().")
         self.ranks = ranks
 
+    def renewed(self, key, tensor):
+        """The ``by_horovod`` entry of ``key``'s last step renewed for ``tensor``
+        (``Entry.renew``: same shape, dtype and device), or None (a new ``entry()`` is needed).
+        A model of a thousand small tensors then creates no object per tensor per step that
+        would outlive the backward pass, so Python's full garbage collections (~120 ms each
+        with torch and numba loaded) stay as rare as under Horovod's own allreduce (with a new
+        entry per tensor per step they came every ~30 steps: ~4 ms per step)."""
+        kept = self.summed.get(key)
+        if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
+            return kept
+        return None
+
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
-        """The ``Entry`` of ``tensor`` (named ``key``) for this step. One ``by_horovod`` is
-        the key's entry of its last step, renewed, where the shape, dtype and device are
-        unchanged and its result was taken: a model of a thousand small tensors then creates no
-        object per tensor per step that would outlive the backward pass, so Python's full
-        garbage collections (~120 ms each with torch and numba loaded) stay as rare as under
-        Horovod's own allreduce (with a new entry per tensor per step they came every ~30
-        steps: ~4 ms per step)."""
-        if by_horovod:
-            kept = self.summed.get(key)
-            if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
-                return kept
+        """A new ``Entry`` of ``tensor`` (named ``key``) for this step; one ``by_horovod`` is
+        kept for ``renewed``."""
         made = Entry(key, tensor, adapter, by_horovod, identity)
         if by_horovod:
             self.summed[key] = made
         return made
+
+    def forget(self, key):
+        """Drop ``key``'s state and kept entry (its parameter is gone)."""
+        self.store.forget(key)
+        self.summed.pop(key, None)
 
     def process(self, entries, end_step=True):
         """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
@@ -245,7 +264,6 @@ class StepEngine:
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
         name = self.method.method
-        checks.agree(ctx, entries, name, self.step, self.method.describe())
         for e in entries:
             if e.by_horovod:
                 continue
@@ -253,6 +271,7 @@ class StepEngine:
                        or self.pre.makes_dense(e, self.store))
             if e.status == checks.OK and not xp.all_finite(e.work):
                 e.status = checks.NONFINITE
+        flagged = checks.agree(ctx, entries, name, self.step, self.method.describe())
         big = [e for e in entries if not e.dense]
         small = [e for e in entries if e.dense and not e.by_horovod]
         n = self.method.n_scalars
@@ -260,10 +279,12 @@ class StepEngine:
             self.pre.before([e for e in entries if e.status == checks.OK], self.store)
             scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
                                  else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
-        gathered = ctx.allgather_array(
-            np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
-        statuses = gathered[:, :len(entries)].astype(np.int64)
-        bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite)
+        bad = []
+        if big or flagged:  # else every status is OK on every rank and there is nothing to send
+            gathered = ctx.allgather_array(
+                np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
+            statuses = gathered[:, :len(entries)].astype(np.int64)
+            bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite)
         if bad:
             self._report_nonfinite(ctx, [(r, entries[i].key) for r, i in bad])
             nonfinite = {entries[i].key for _, i in bad}
@@ -272,9 +293,11 @@ class StepEngine:
             self.store.rollback()
             self.skipped += 1
             return [self._unapplied(e, e.work, e.key in nonfinite) for e in entries], big
-        all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
-        reduced = dict(zip((e.key for e in big),
-                           self.method.reduce(Batch(self, ctx, big), all_scalars) if big else []))
+        reduced = {}
+        if big:
+            all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
+            reduced.update(zip((e.key for e in big),
+                               self.method.reduce(Batch(self, ctx, big), all_scalars)))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
         reduced.update((e.key, SUMMED) for e in entries if e.by_horovod)
         self.pre.after(entries, reduced, self.store, self.phase)

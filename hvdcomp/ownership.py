@@ -19,6 +19,7 @@ class Ownership:
         self.who = who
         self.owners = {}  # key -> weakref to the parameter whose state is stored under key
         self.checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
+        self.last_checked = _NOTHING  # a weakref to the one checked last (a per-tensor fast path)
 
     def claim(self, key, owner, mid_step):
         """Record ``owner`` (a parameter or variable, or None) as the owner of ``key``'s state.
@@ -32,8 +33,10 @@ class Ownership:
         if owner is None:
             return None
         known = self.owners.get(key)
+        if known is not None and known() is owner:  # every step after the first
+            return None
         verdict = None
-        if known is not None and known() is not owner:
+        if known is not None:
             if known() is not None:
                 gc.collect()  # the earlier model may be held only by reference cycles
             if known() is not None:
@@ -55,18 +58,33 @@ class Ownership:
         only when there is something to check) must reduce the same parameters
         (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
         optimizer."""
-        if optimizer is None or optimizer in self.checked:
+        if optimizer is None or optimizer is self.last_checked():
+            return
+        if optimizer in self.checked:
+            self.last_checked = weakref.ref(optimizer)
             return
         names = adapter.parameter_names(optimizer)
         if names is not None:
             checks.agree_names(context(), names, self.who.method,
                                "the parameters their optimizer reduces")
         self.checked.add(optimizer)
+        self.last_checked = weakref.ref(optimizer)
 
 
 def process_set_ranks(process_set):
     """The sorted world ranks of a Horovod ``process_set``, or None for every rank."""
     ranks = getattr(process_set, "ranks", None)
-    if ranks is None or len(ranks) == world_size():
+    if ranks is None:
         return None
-    return tuple(sorted(ranks))
+    known = _RANKS.get(id(ranks))  # asked once per tensor per step: remembered per ranks list
+    if known is None or known[0] is not ranks:
+        known = _RANKS[id(ranks)] = (ranks, None if len(ranks) == world_size()
+                                     else tuple(sorted(ranks)))
+    return known[1]
+
+
+def _NOTHING():
+    return None
+
+
+_RANKS = {}  # id(a process set's ranks list) -> (that list, process_set_ranks' answer)

@@ -99,6 +99,8 @@ class BatchedCompressor:
                              f"(fusion={self._fusion_mode!r})")
         self._fusion_cost = fusion_cost
         self._start_fresh()
+        # Called per tensor: bound once here, not by default_instance.__get__ at every call.
+        self.compress, self.decompress = self.compress, self.decompress
 
     def _start_fresh(self):
         """Empty state, step 0: the compressor as just built."""
@@ -158,12 +160,11 @@ class BatchedCompressor:
                          "with fresh state", self.method)
                 self._start_fresh()
             elif verdict == ownership.FORGET:
-                self.store.forget(ident.name)
+                self.engine.forget(ident.name)
             self.engine.bind(ownership.process_set_ranks(ident.process_set))
             self._ownership.check_parameters(self.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
-                # Graph frameworks (TensorFlow): this runs once, at trace time. The adapter
-                # builds, in decompress(), the per-step ops that call reduce_batch_now().
+                # Graph front ends (TensorFlow) trace this once; decompress() builds the step.
                 return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
             key = ident.name
             if key in self._pending_keys:
@@ -171,8 +172,8 @@ class BatchedCompressor:
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
-            entry = self.engine.entry(key, tensor, adapter,
-                                      horovod_sums(self, tensor, adapter, ident), ident)
+            entry = self.engine.renewed(key, tensor) or self.engine.entry(
+                key, tensor, adapter, horovod_sums(self, tensor, adapter, ident), ident)
             self._pending.append(entry)
             self._pending_keys.add(key)
             if self._fusion is not None:
@@ -192,8 +193,8 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            pending = next((e for e in self._pending if e.ticket is ctx), None)
             done = self.engine.results.get(ctx)
+            pending = None if done else next((e for e in self._pending if e.ticket is ctx), None)
             if pending is None and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
             entry = pending or done[1]

@@ -23,6 +23,7 @@ DEFERRED = False
 # and a user's wrapper around the compressor fit.
 FRAMES = 6
 _CALLERS = None
+_BY_CODE = {}  # the rows of callers() by the code object each matches (tensor_identity)
 
 
 def callers():
@@ -58,6 +59,7 @@ def callers():
                    "tensors, name (member i is named '<name>_<i+1>of<n>', as Horovod names it), "
                    "process_set", code_of(mpi_ops.grouped_allreduce), _direct_group),
         )
+        _BY_CODE.update((row.matches.code, row) for row in _CALLERS)
     return _CALLERS
 
 
@@ -107,7 +109,11 @@ def _direct_group(frame, tensor):
 def tensor_identity(tensor, method):
     """The ``Identity`` of ``tensor`` as the horovod.torch call that passed it to compressor
     ``method``'s ``compress()`` knows it (``callers()``); ``UnnamedTensorError`` if none does."""
-    identity = find(tensor, callers(), sys._getframe(2), FRAMES)  # from compress()'s caller
+    frame = sys._getframe(2)  # compress()'s caller: usually a row's function itself
+    row = _BY_CODE.get(frame.f_code) if callers() else None
+    identity = row.read(frame, tensor) if row is not None else None
+    if identity is None:
+        identity = find(tensor, callers(), frame, FRAMES)
     if identity is None:
         raise unnamed(method, tuple(tensor.shape), describe_dtype(tensor))
     return identity
@@ -195,9 +201,10 @@ def all_finite(tensor):
     ~3 us inside a training step, where a NumPy view and a dot product cost ~10 us; this is the
     check of every small tensor Horovod sums, ``hvdcomp.engine.Entry.by_horovod``, once per tensor
     per step); any other through ``hvdcomp.backend.xp.all_finite``."""
-    if (tensor.is_cpu and tensor.dtype in _SUMMED_DTYPES and not tensor.is_sparse
-            and tensor.is_contiguous() and _finite_at()):
-        return _FINITE_AT[0](tensor.data_ptr(), tensor.numel(), tensor.element_size())
+    at = _FINITE_AT[0] if _FINITE_AT else _finite_at()
+    if (at is not None and tensor.is_cpu and tensor.dtype in _SUMMED_DTYPES
+            and not tensor.is_sparse and tensor.is_contiguous()):
+        return at(tensor.data_ptr(), tensor.numel(), tensor.element_size())
     return xp.all_finite(tensor)
 
 
