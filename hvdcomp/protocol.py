@@ -193,9 +193,9 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            done = self.engine.results.get(ctx)
-            pending = None if done else next((e for e in self._pending if e.ticket is ctx), None)
-            if pending is None and done is None:
+            pending = self._pending and next((e for e in self._pending if e.ticket is ctx), None)
+            done = self.engine.results.get(ctx)  # LayerFusion: may be done and pending alike
+            if not pending and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
             entry = pending or done[1]
             try:  # Horovod applied the (mean or sum) op of an entry by_horovod itself
@@ -205,7 +205,7 @@ class BatchedCompressor:
                 self._abandon_step()
                 self.engine.context()  # a launch without MPI ranks explains it: LaunchError
                 raise
-            if pending is not None:
+            if pending:
                 self._flush()
             flat, entry = self.engine.results.pop(ctx)
         if entry.by_horovod:  # Horovod's result; a skipped step fills it
