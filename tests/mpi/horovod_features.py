@@ -19,6 +19,10 @@
   large ones are compressed; a NaN in a small tensor on one rank still skips the step on every
   rank (NaN for it, zeros for the others, state unchanged) or, with on_nonfinite='raise', raises
   on every rank naming the tensor and the rank.
+- all_small: a model whose every tensor is small: hvdcomp's traffic is one all-gather per steady
+  step (the batch's agreement, which also tells whether any rank has a non-finite tensor), each
+  tensor's entry is kept from step to step (no new objects per tensor per step), and a NaN on
+  rank 1 still skips the step on every rank or raises naming the tensor and the rank.
 - sets (4 ranks): process sets [0, 1] and [2, 3]: hvd.allreduce(op=Average, process_set=own)
   gives each set's own mean; a training in each set stays identical within the set; a set that
   does other work meanwhile does not hang the other.
@@ -249,6 +253,50 @@ def case_small():
             opt.step()
 
 
+def case_all_small():
+    from hvdcomp.comm import get_context
+    messages = get_context().stats
+
+    def fresh(**settings):
+        torch.manual_seed(0)
+        model = make_model(hidden=32)
+        comp = hvdcomp.Marsit(seed=1, min_compress_numel=10**6, **settings)  # none compressed
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters(),
+                                       compression=comp)
+        return model, dict(model.named_parameters()), comp, opt
+
+    model, params, comp, opt = fresh()
+    sent, entries = [], []
+    for step in range(4):
+        before = messages.messages
+        train(model, opt, 1, first=step)
+        sent.append(messages.messages - before)
+        entries.append({key: id(e) for key, e in getattr(comp.engine, "summed", {}).items()})
+    out["messages_per_step"] = sent
+    out["entries_kept"] = len(entries[1]) == len(params) and entries[1] == entries[3]
+    out["digest"] = digest(model)
+    first = sorted(params)[0]
+    for policy in ("propagate", "raise"):
+        model, params, comp, opt = fresh(on_nonfinite=policy)
+        train(model, opt, 2)  # the entries are kept ones from here on
+        params[first].register_hook(lambda g: g * float("nan") if rank == 1 else g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xtr[:32]), ytr[:32]).backward()
+        if policy == "raise":
+            out["raise"] = error_of(opt.synchronize)
+            continue
+        opt.synchronize()
+        out["propagate"] = {
+            "nan_tensor_all_nan": bool(torch.isnan(params[first].grad).all()),
+            "others_zero": all(not bool(p.grad.any()) for n, p in params.items() if n != first),
+            "skipped": comp.state_dict()["skipped"]}
+        with opt.skip_synchronize():
+            opt.step()
+    out["first"] = first
+
+
 {"ops": case_ops, "setup": case_setup, "amp": case_amp, "reuse": case_reuse,
- "params": case_params, "sets": case_sets, "small": case_small}[CASE]()
+ "params": case_params, "sets": case_sets, "small": case_small,
+ "all_small": case_all_small}[CASE]()
 report(rank=rank, **out)
