@@ -91,18 +91,10 @@ class Entry:
                  "own_scale", "into", "target", "_signature")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
-        self.key, self.ticket, self._signature = key, Ticket(key), None
-        self.load(tensor, adapter, by_horovod, identity)
-
-    def load(self, tensor, adapter, by_horovod=False, identity=None):
-        """Make this the entry of ``tensor`` for the current step (``StepEngine.entry`` keeps
-        one entry per key from step to step)."""
-        shape, self.dtype, self.device = adapter.meta(tensor)
-        dtype_name = adapter.describe_dtype(tensor)
-        if self._signature is not None and (shape, dtype_name) != (self.shape, self.dtype_name):
-            self._signature = None
-        self.adapter, self.shape, self.dtype_name = adapter, shape, dtype_name
-        self.numel = math.prod(shape)
+        self.key, self.ticket, self.adapter = key, Ticket(key), adapter
+        self.shape, self.dtype, self.device = adapter.meta(tensor)
+        self.dtype_name = adapter.describe_dtype(tensor)
+        self.numel = math.prod(self.shape)
         self.by_horovod = self.dense = by_horovod
         if by_horovod:
             self.status = checks.OK if adapter.all_finite(tensor) else checks.NONFINITE
@@ -113,31 +105,35 @@ class Entry:
         self.into = None if self.work is None else adapter.result_target(tensor, identity)
         self.target = None if self.into is None else tensor
         self.compensated = self.owned = self.moments = self.own_scale = None
+        self._signature = None
 
     def signature(self):
         """``name|shape|dtype`` and a newline, as bytes: what ``checks.fingerprint`` hashes
-        (made once while the entry's shape and dtype stay the same)."""
+        (made once per entry; a renewed entry keeps its name, shape and dtype)."""
         if self._signature is None:
             self._signature = f"{self.key}|{tuple(self.shape)}|{self.dtype_name}\n".encode()
         return self._signature
 
-    def release(self, taken=False):
-        """Drop the step's arrays (the result is kept elsewhere; it may be ``into``); with
-        ``taken`` (the result is no longer needed) the user's gradient too."""
+    def renew(self, tensor):
+        """Make this entry ``by_horovod`` the entry of ``tensor``, the same key's gradient in a
+        later step (``StepEngine.entry``): False, and nothing changed, unless ``tensor`` has the
+        entry's shape, dtype and device; else its status is re-read and True returned."""
+        if self.adapter.meta(tensor) != (self.shape, self.dtype, self.device):
+            return False
+        self.status = checks.OK if self.adapter.all_finite(tensor) else checks.NONFINITE
+        return True
+
+    def release(self):
+        """Drop the step's arrays (the result is kept elsewhere; it may be ``into``)."""
         self.work = self.compensated = self.moments = None
-        if taken:
-            self.into = self.target = None
 
     def restore(self, flat, factor=1):
         """``flat`` (this entry's result) times ``factor`` as a tensor like the input: the
-        input itself when the result was written into it (``into``). The entry then holds
-        no reference to the gradient."""
-        into, target = self.into, self.target
-        self.into = self.target = None
-        if flat is into:
+        input itself when the result was written into it (``into``)."""
+        if flat is self.into:
             if factor != 1:
                 flat *= factor
-            return target
+            return self.target
         if factor != 1:
             flat = flat * factor
         return self.adapter.restore(flat, self.shape, self.dtype, self.device)
@@ -184,7 +180,7 @@ class StepEngine:
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
         self.results = {}  # ticket -> (flat result, entry)
-        self.kept = {}  # key -> its Entry of the last step (see entry())
+        self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
         self.last_stats, self.total_stats = None, StepStats()
         kernels.warm("finite")  # the check of the tensors Horovod sums (Entry.by_horovod)
@@ -211,24 +207,30 @@ class StepEngine:
                 f"hvdcomp.{type(self.method).__name__}().")
         self.ranks = ranks
 
+    def renewed(self, key, tensor):
+        """The ``by_horovod`` entry of ``key``'s last step renewed for ``tensor``
+        (``Entry.renew``: same shape, dtype and device), or None (a new ``entry()`` is needed).
+        A model of a thousand small tensors then creates no object per tensor per step that
+        would outlive the backward pass, so Python's full garbage collections (~120 ms each
+        with torch and numba loaded) stay as rare as under Horovod's own allreduce (with a new
+        entry per tensor per step they came every ~30 steps: ~4 ms per step)."""
+        kept = self.summed.get(key)
+        if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
+            return kept
+        return None
+
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
-        """The ``Entry`` of ``tensor`` (named ``key``) for this step: the key's entry of its
-        last step, reloaded (``Entry.load``), once its result was taken, else a new one. A model
-        of a thousand tensors then creates no object per tensor per step that would outlive the
-        backward pass, so Python's full garbage collections (~120 ms each with torch and numba
-        loaded) stay as rare as under Horovod's own allreduce (with a new entry per tensor per
-        step they came every ~30 steps: ~4 ms per step)."""
-        kept = self.kept.get(key)
-        if kept is None or kept.ticket in self.results:
-            kept = self.kept[key] = Entry(key, tensor, adapter, by_horovod, identity)
-        else:
-            kept.load(tensor, adapter, by_horovod, identity)
-        return kept
+        """A new ``Entry`` of ``tensor`` (named ``key``) for this step; one ``by_horovod`` is
+        kept for ``renewed``."""
+        made = Entry(key, tensor, adapter, by_horovod, identity)
+        if by_horovod:
+            self.summed[key] = made
+        return made
 
     def forget(self, key):
         """Drop ``key``'s state and kept entry (its parameter is gone)."""
         self.store.forget(key)
-        self.kept.pop(key, None)
+        self.summed.pop(key, None)
 
     def process(self, entries, end_step=True):
         """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
@@ -360,7 +362,7 @@ class StepEngine:
         self.batch = 0
         for e in entries:
             self.results.pop(e.ticket, None)
-            e.release(taken=True)
+            e.release()
 
 
 def _set_name(ranks):

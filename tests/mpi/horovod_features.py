@@ -272,7 +272,7 @@ def case_all_small():
         before = messages.messages
         train(model, opt, 1, first=step)
         sent.append(messages.messages - before)
-        entries.append({key: id(e) for key, e in getattr(comp.engine, "kept", {}).items()})
+        entries.append({key: id(e) for key, e in getattr(comp.engine, "summed", {}).items()})
     out["messages_per_step"] = sent
     out["entries_kept"] = len(entries[1]) == len(params) and entries[1] == entries[3]
     out["digest"] = digest(model)
