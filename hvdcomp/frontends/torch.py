@@ -110,7 +110,7 @@ def tensor_identity(tensor, method):
     """The ``Identity`` of ``tensor`` as the horovod.torch call that passed it to compressor
     ``method``'s ``compress()`` knows it (``callers()``); ``UnnamedTensorError`` if none does."""
     frame = sys._getframe(2)  # compress()'s caller: usually a row's function itself
-    row = _BY_CODE.get(frame.f_code) if callers() else None
+    row = _BY_CODE.get(frame.f_code)  # filled by callers(), which find() calls
     identity = row.read(frame, tensor) if row is not None else None
     if identity is None:
         identity = find(tensor, callers(), frame, FRAMES)
