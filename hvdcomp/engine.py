@@ -207,21 +207,18 @@ class StepEngine:
                 f"hvdcomp.{type(self.method).__name__}().")
         self.ranks = ranks
 
-    def renewed(self, key, tensor):
-        """The ``by_horovod`` entry of ``key``'s last step renewed for ``tensor``
-        (``Entry.renew``: same shape, dtype and device), or None (a new ``entry()`` is needed).
-        A model of a thousand small tensors then creates no object per tensor per step that
-        would outlive the backward pass, so Python's full garbage collections (~120 ms each
-        with torch and numba loaded) stay as rare as under Horovod's own allreduce (with a new
-        entry per tensor per step they came every ~30 steps: ~4 ms per step)."""
-        kept = self.summed.get(key)
-        if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
-            return kept
-        return None
-
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
-        """A new ``Entry`` of ``tensor`` (named ``key``) for this step; one ``by_horovod`` is
-        kept for ``renewed``."""
+        """The ``Entry`` of ``tensor`` (named ``key``) for this step. One ``by_horovod`` is the
+        key's entry of its last step, renewed (``Entry.renew``), where the shape, dtype and
+        device are unchanged and its result was taken: a model of a thousand small tensors then
+        creates no object per tensor per step that would outlive the backward pass, so Python's
+        full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
+        under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
+        steps: ~4 ms per step)."""
+        if by_horovod:
+            kept = self.summed.get(key)
+            if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
+                return kept
         made = Entry(key, tensor, adapter, by_horovod, identity)
         if by_horovod:
             self.summed[key] = made

@@ -19,7 +19,7 @@ class Ownership:
         self.who = who
         self.owners = {}  # key -> weakref to the parameter whose state is stored under key
         self.checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
-        self.last_checked = _NOTHING  # a weakref to the one checked last (a per-tensor fast path)
+        self.last_checked = _dead_ref  # a weakref to the one checked last (a per-tensor fast path)
 
     def claim(self, key, owner, mid_step):
         """Record ``owner`` (a parameter or variable, or None) as the owner of ``key``'s state.
@@ -83,7 +83,7 @@ def process_set_ranks(process_set):
     return known[1]
 
 
-def _NOTHING():
+def _dead_ref():
     return None
 
 

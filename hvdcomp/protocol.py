@@ -172,8 +172,8 @@ class BatchedCompressor:
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
-            entry = self.engine.renewed(key, tensor) or self.engine.entry(
-                key, tensor, adapter, horovod_sums(self, tensor, adapter, ident), ident)
+            entry = self.engine.entry(key, tensor, adapter,
+                                      horovod_sums(self, tensor, adapter, ident), ident)
             self._pending.append(entry)
             self._pending_keys.add(key)
             if self._fusion is not None:
