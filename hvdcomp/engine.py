@@ -5,7 +5,7 @@
 1. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
    ``min_compress_numel`` elements, or a preconditioner's warm-up; an entry ``by_horovod`` was
    summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
-   what every rank must agree on (the next step checks it), before the finite check, so a NaN on
+   what every rank must agree on (step 2 checks it), before the finite check, so a NaN on
    one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
    ``UNSUPPORTED``);
 2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings
