@@ -88,6 +88,10 @@ class BinSGDM(BatchedCompressor):
         return {"betas": list(self.betas), "eps": self.eps, "ranks_per_node": self.ranks_per_node,
                 "uneven": self.uneven}
 
+    def returns_step(self):
+        """BinSGDM's result is the step itself (see ``BatchedCompressor.returns_step``)."""
+        return "BinSGDM"
+
     def hierarchy(self):
         """The node layout in use (built collectively on first use)."""
         ctx = self.engine.context()

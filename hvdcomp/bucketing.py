@@ -254,10 +254,13 @@ class Scheduler:
 
     def abandon(self, pending):
         """Drop the step under way (an error found before its end): wait for the worker, roll
-        the step back (``engine.abort_step``)."""
+        the step back (``engine.abort_step``). Returns the error the worker's collectives met
+        meanwhile, if any (e.g. ``JoinError``: the other ranks have raised it too)."""
         self._close()
+        found = self.error
         self.engine.abort_step(pending)
         self._reset_step()
+        return found
 
     def _end(self, arrivals, pending, skipped):
         samples, plan = self.step_samples, self.plan

@@ -18,14 +18,20 @@ Horovod runs ranks that MPI does not know (a Gloo launch).
 """
 import hashlib
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
 from hvdcomp.comm import get_context
-from hvdcomp.errors import (LaunchError, NonFiniteGradientError, RankMismatchError,
-                            SetupMismatchError, UnsupportedOpError, UnsupportedTensorError)
+from hvdcomp.errors import (JoinError, LaunchError, NonFiniteGradientError, RankMismatchError,
+                            SetupMismatchError, UnsupportedOpError, UnsupportedOptimizerError,
+                            UnsupportedTensorError)
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
+# The first value of the header ``agree`` gathers, where it is not a batch's tensor count:
+JOINED = -1.0  # the rank is in hvd.join() (``announce_join``)
+OP_REFUSED = -2.0  # the rank refuses the step's reduction op (``confirm_op_refusal``)
+HEADER = 9  # the header's length
 
 
 def horovod_world():
@@ -64,28 +70,103 @@ def fingerprint(entries, setup=None):
     return [float(v & 0x3FFFFFF), float((v >> 26) & 0x3FFFFFF)]
 
 
-def agree(ctx, entries, who, step, setup):
+class Agreement(NamedTuple):
+    """What ``agree`` found out besides the ranks' agreement: ``flagged``, whether some rank
+    has an entry whose status is not ``OK``; ``absent``, the indices of the entries that are
+    all zeros on every rank (a gradient nobody computed: a frozen parameter, an unused branch,
+    Horovod's zero fill for a missing gradient)."""
+    flagged: bool
+    absent: frozenset
+
+
+def agree(ctx, entries, who, step, setup, loss_scale=1.0):
     """Raise on every rank unless every rank holds the same batch (names, shapes and dtypes, in
     the same order; ``RankMismatchError``) and reduces it with the same compressor ``setup``
-    (class and settings; ``SetupMismatchError``). One small all-gather when the ranks agree.
-    Returns whether some rank has an entry whose ``status`` is not ``OK``."""
+    (class and settings; ``SetupMismatchError``) at the same ``loss_scale``. One small
+    all-gather when the ranks agree (a second, of one flag per entry, only when the ranks'
+    all-zero entries (``entry.zero``) differ). Returns an ``Agreement``."""
+    zeros = [i for i, e in enumerate(entries) if e.zero]
     header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup)
+                        + [loss_scale, len(zeros), _hash26(zeros)]
                         + [sum(e.status != OK for e in entries)], dtype=np.float64)
     rows = ctx.allgather_array(header)
-    if (rows[:, :5] == rows[0, :5]).all():
-        return bool(rows[:, 5].any())
+    _refuse_join(rows, ctx, who, step)
+    if (rows[:, :6] == rows[0, :6]).all():
+        if (rows[:, 6:8] == rows[0, 6:8]).all():
+            absent = frozenset(zeros)
+        else:
+            flags = ctx.allgather_array([e.zero for e in entries], dtype=np.uint8)
+            absent = frozenset(np.flatnonzero(flags.all(axis=0)).tolist())
+        return Agreement(bool(rows[:, 8].any()), absent)
     if not (rows[:, 3:5] == rows[0, 3:5]).all():
         setups = ctx.allgather_object(setup)
         raise SetupMismatchError(
             f"{who}: ranks use different compressors or settings at step {step}: "
             + "; ".join(_setup_differences(setups)) + ". Pass the same compression=... "
-            "(class and arguments) on every rank.")
+            f"(class and arguments) on every rank (raised on rank {ctx.rank}).")
+    if (rows[:, :5] == rows[0, :5]).all():
+        scales = ", ".join(f"rank {r}: {v:g}" for r, v in enumerate(rows[:, 5]))
+        raise SetupMismatchError(
+            f"{who}: ranks reduce step {step} at different loss scales ({scales}); every rank "
+            "must scale its loss alike (one GradScaler per rank, updated after every step, or "
+            f"the same hvdcomp.set_loss_scale()) (raised on rank {ctx.rank})")
     lists = ctx.allgather_object([(e.key, e.numel, tuple(e.shape), e.dtype_name)
                                   for e in entries])
     counts = ", ".join(f"rank {r}: {len(items)}" for r, items in enumerate(lists))
     raise RankMismatchError(
         f"{who}: ranks disagree about the gradients of step {step} "
-        f"(tensors per rank: {counts}): " + "; ".join(_differences(lists, ctx.size)[:10]))
+        f"(tensors per rank: {counts}): " + "; ".join(_differences(lists, ctx.size)[:10])
+        + f" (raised on rank {ctx.rank})")
+
+
+def announce_join(ctx):
+    """What a rank entering ``hvd.join()`` does first (``hvdcomp.frontends.torch``): one
+    all-gather shaped like ``agree``'s header, which a rank still training meets in its next
+    step's ``agree`` (or ``confirm_op_refusal``). Returns when every rank has joined; else
+    ``JoinError`` here and, from the same all-gather, on the ranks still training."""
+    header = np.zeros(HEADER)
+    header[0] = JOINED
+    rows = ctx.allgather_array(header)
+    training = [r for r in range(ctx.size) if rows[r, 0] != JOINED]
+    if training:
+        raise JoinError(
+            f"hvdcomp: this rank called hvd.join() while rank(s) {training} still train. "
+            + _JOIN_ADVICE + f" (raised on rank {ctx.rank})")
+
+
+def confirm_op_refusal(ctx):
+    """Before a rank raises ``UnsupportedOpError`` (its reduced placeholder shows no mean or
+    sum): every rank that refuses the op meets here, and a rank in ``hvd.join()``
+    (``announce_join``), whose zero contribution also changes the placeholder, turns it into a
+    ``JoinError`` on every rank."""
+    header = np.zeros(HEADER)
+    header[0] = OP_REFUSED
+    _refuse_join(ctx.allgather_array(header), ctx, "hvdcomp", None)
+
+
+_JOIN_ADVICE = (
+    "hvdcomp's compressed reduction needs every rank in every step, so ranks cannot take "
+    "different numbers of steps and hvd.join() them (Horovod's own allreduce can). Give every "
+    "rank the same number of steps: e.g. torch's DistributedSampler (it gives every rank a shard of "
+    "one length), or stop every rank after the shortest "
+    "shard's steps (hvd.allreduce(torch.tensor(len(loader)), op=hvd.Min)); or use "
+    "compression=hvd.Compression.none for a job that needs hvd.join()")
+
+
+def _refuse_join(rows, ctx, who, step):
+    """``JoinError`` if some rank's gathered header says it is in ``hvd.join()``."""
+    joined = [r for r in range(ctx.size) if rows[r, 0] == JOINED]
+    if joined:
+        at = "" if step is None else f" at step {step}"
+        raise JoinError(
+            f"{who}: rank(s) {joined} called hvd.join() while this rank still trains{at}. "
+            + _JOIN_ADVICE + f" (raised on rank {ctx.rank})")
+
+
+def _hash26(values):
+    """A 26-bit hash of a list of ints (exact in float64)."""
+    h = hashlib.blake2b(repr(values).encode(), digest_size=4).digest()
+    return float(int.from_bytes(h, "little") & 0x3FFFFFF)
 
 
 def _setup_differences(setups):
@@ -116,7 +197,25 @@ def agree_names(ctx, names, who, what):
         f"{who}: ranks disagree about {what} (per rank: "
         + ", ".join(f"rank {r}: {len(ns)}" for r, ns in enumerate(lists)) + "): "
         + "; ".join(problems[:10]) + ". Every rank must train the same parameters (same model, "
-        "same requires_grad).")
+        f"same requires_grad) (raised on rank {ctx.rank}).")
+
+
+def inner_optimizer(who, setting, found, rank):
+    """Raise ``UnsupportedOptimizerError`` where compressor ``who`` (its name) has a ``setting``
+    whose result is the optimizer's step itself (it carries its own momentum and normaliser:
+    BinSGDM, ``precondition='adam'``; None: no such setting) and the user's optimizer is not
+    plain SGD without momentum: ``found`` describes it (the adapter's ``optimizer_kind``; None:
+    plain SGD, or one the adapter cannot tell). Every rank checks its own optimizer at its first
+    gradient, before anything is communicated."""
+    if setting is None or found is None:
+        return
+    raise UnsupportedOptimizerError(
+        f"{who}: {setting} returns the optimizer's step itself (it carries momentum and a "
+        "per-coordinate normaliser), so the optimizer inside hvd.DistributedOptimizer must be "
+        f"plain SGD without momentum, at an Adam-like learning rate; this one is {found}, which "
+        "would apply its own momentum or normalisation on top (training stalls or diverges). "
+        f"Use torch.optim.SGD(params, lr=..., momentum=0), or keep your optimizer and compress "
+        f"without {setting} (e.g. compression=hvdcomp.Marsit) (raised on rank {rank})")
 
 
 def _differences(lists, size):
@@ -138,18 +237,18 @@ def _differences(lists, size):
     return problems
 
 
-def verdict(entries, statuses, who, step, on_nonfinite):
+def verdict(entries, statuses, who, step, on_nonfinite, rank):
     """From every rank's statuses (array (size, len(entries))): raise for an unsupported dtype
     or (``on_nonfinite='raise'``) a NaN/Inf; otherwise return the ``(rank, entry index)`` pairs
     of non-finite tensors (empty: the step goes on; else it is skipped, ``on_nonfinite`` says
-    how)."""
+    how). ``rank``: this rank, named in the message as the one that raised it."""
     bad = np.argwhere(statuses == UNSUPPORTED)
     if bad.size:
         r, i = bad[0]
         raise UnsupportedTensorError(
             f"{who}: tensor {entries[i].key!r} on rank {r} has dtype "
             f"{entries[i].dtype_name} (or is sparse); hvdcomp compresses dense floating-point "
-            "gradients only (float16, bfloat16, float32, float64)")
+            f"gradients only (float16, bfloat16, float32, float64) (raised on rank {rank})")
     bad = np.argwhere(statuses == NONFINITE)
     if not bad.size or on_nonfinite != "raise":
         return [(int(r), int(i)) for r, i in bad]
@@ -158,7 +257,7 @@ def verdict(entries, statuses, who, step, on_nonfinite):
         f"{who}: NaN or Inf in gradient {where} at step {step}; nothing was "
         "applied and the compressor state is unchanged (pass on_nonfinite='propagate' to "
         "return NaN for such tensors instead, as Horovod's allreduce does, e.g. for AMP's "
-        "GradScaler, or on_nonfinite='skip' to return zeros)")
+        f"GradScaler, or on_nonfinite='skip' to return zeros) (raised on rank {rank})")
 
 
 def placeholder_values(world_rank):

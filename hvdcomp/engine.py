@@ -7,16 +7,21 @@
    summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
    what every rank must agree on (step 2 checks it), before the finite check, so a NaN on
    one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
-   ``UNSUPPORTED``);
-2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings
-   (``checks.agree``; its all-gather also tells whether any rank has a tensor that is not OK);
-3. prepare: the preconditioner's ``before`` and the method's ``prepare`` (local work and the
-   per-tensor scalars, nothing communicated, no state committed);
+   ``UNSUPPORTED``) and whether it is all zeros (``Entry.zero``);
+2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings and reduce
+   at the same loss scale (``checks.agree``; its all-gather also tells whether any rank has a
+   tensor that is not OK, and which tensors are all zeros on every rank: gradients nobody
+   computed, which are *absent* from the step: their result is zero, nothing of the method or
+   the preconditioner runs for them and their state waits for their next gradient);
+3. prepare: the working arrays divided by the loss scale (``hvdcomp.loss_scale``: methods and
+   state see unscaled gradients), the preconditioner's ``before`` and the method's ``prepare``
+   (local work and the per-tensor scalars, nothing communicated, no state committed);
 4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
    nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
 6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float ring
-   all-reduce for the dense ones; the preconditioner's ``after``;
+   all-reduce for the dense ones; the preconditioner's ``after``; the results multiplied by
+   the loss scale again (the user's unscale divides them);
 7. land: the results are kept for ``decompress`` (``results``: ticket -> (flat array, entry));
    at the end of the step the state store commits (or rolls back a skipped or failed step).
 
@@ -31,7 +36,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hvdcomp import checks, kernels
+from hvdcomp import checks, kernels, loss_scale
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.errors import HvdcompError
@@ -81,6 +86,9 @@ class Entry:
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
+    ``zero``: every element is zero on this rank (``checks.agree`` finds those zero on every
+    rank: gradients nobody computed, left out of the step); ``scaled``: the step's loss scale
+    applies (a gradient; not a direct ``hvd.allreduce``, ``hvdcomp.loss_scale``).
     ``into``/``target``: where the step's result may be written instead of a new array
     (``result_buffer``): a flat host view of the user's gradient ``target`` when the Horovod
     caller (``identity``) lets it be overwritten, as Horovod's own in-place allreduce of a
@@ -88,7 +96,7 @@ class Entry:
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target", "_signature")
+                 "own_scale", "into", "target", "zero", "scaled", "_signature")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
@@ -105,6 +113,9 @@ class Entry:
         self.into = None if self.work is None else adapter.result_target(tensor, identity)
         self.target = None if self.into is None else tensor
         self.compensated = self.owned = self.moments = self.own_scale = None
+        self.zero = False
+        # the loss scale applies to gradients: not to a direct hvd.allreduce (torch names it)
+        self.scaled = identity is None or identity.optimizer is not None
         self._signature = None
 
     def signature(self):
@@ -179,6 +190,7 @@ class StepEngine:
         self.step = 0  # completed steps
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
+        self.scale = 1.0  # the loss scale of the step under way (hvdcomp.loss_scale)
         self.results = {}  # ticket -> (flat result, entry)
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
@@ -261,27 +273,34 @@ class StepEngine:
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
         name = self.method.method
+        if self.batch == 0:
+            self.scale = loss_scale.current()
         for e in entries:
             if e.by_horovod:
                 continue
             e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
                        or self.pre.makes_dense(e, self.store))
-            if e.status == checks.OK and not xp.all_finite(e.work):
-                e.status = checks.NONFINITE
-        flagged = checks.agree(ctx, entries, name, self.step, self.method.describe())
-        big = [e for e in entries if not e.dense]
-        small = [e for e in entries if e.dense and not e.by_horovod]
+            if e.status == checks.OK:
+                finite, e.zero = xp.finite_and_zero(e.work)
+                if not finite:
+                    e.status = checks.NONFINITE
+        agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale)
+        absent = [entries[i] for i in sorted(agreed.absent)]
+        live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
+        big = [e for e in live if not e.dense]
+        small = [e for e in live if e.dense and not e.by_horovod]
+        rescaled = self._unscale(live)
         n = self.method.n_scalars
         with self.phase("encode"):
-            self.pre.before([e for e in entries if e.status == checks.OK], self.store)
+            self.pre.before([e for e in live if e.status == checks.OK], self.store)
             scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
                                  else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
         bad = []
-        if big or flagged:  # else every status is OK on every rank and there is nothing to send
+        if big or agreed.flagged:  # else every status is OK everywhere and nothing is to send
             gathered = ctx.allgather_array(
                 np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
             statuses = gathered[:, :len(entries)].astype(np.int64)
-            bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite)
+            bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite, ctx.rank)
         if bad:
             self._report_nonfinite(ctx, [(r, entries[i].key) for r, i in bad])
             nonfinite = {entries[i].key for _, i in bad}
@@ -290,15 +309,33 @@ class StepEngine:
             self.store.rollback()
             self.skipped += 1
             return [self._unapplied(e, e.work, e.key in nonfinite) for e in entries], big
-        reduced = {}
+        reduced = {e.key: self._unapplied(e, e.work, False) for e in absent}
         if big:
             all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
             reduced.update(zip((e.key for e in big),
                                self.method.reduce(Batch(self, ctx, big), all_scalars)))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
         reduced.update((e.key, SUMMED) for e in entries if e.by_horovod)
-        self.pre.after(entries, reduced, self.store, self.phase)
+        self.pre.after(live, reduced, self.store, self.phase)
+        for e in rescaled:
+            reduced[e.key] *= self.scale
         return [reduced[e.key] for e in entries], big
+
+    def _unscale(self, entries):
+        """Divide the working arrays of ``entries`` that the step's loss scale applies to by it
+        (in place where the array is the user's gradient, which the result overwrites anyway;
+        else into a new array), so that methods and state see unscaled gradients; returns those
+        entries, whose results are to be multiplied by the scale again (``hvdcomp.loss_scale``)."""
+        if self.scale == 1.0:
+            return ()
+        inverse = 1.0 / self.scale
+        out = [e for e in entries if e.scaled and not e.by_horovod and e.status == checks.OK]
+        for e in out:
+            if e.into is not None:  # a view of the user's gradient, as ``work``
+                e.work *= inverse
+            else:
+                e.work = e.work * inverse
+        return out
 
     def end_step(self, batch_stats):
         """End a step reduced in one or several batches: commit the state, count one step,

@@ -25,6 +25,17 @@ class UnsupportedOpError(HvdcompError):
     """A Horovod reduction hvdcomp does not implement (op=Min, Max, Product, Adasum)."""
 
 
+class JoinError(HvdcompError):
+    """A rank called ``hvd.join()`` while others still train: hvdcomp's reduction needs every
+    rank in every step (raised on every rank, see ``hvdcomp.checks.announce_join``)."""
+
+
+class UnsupportedOptimizerError(HvdcompError):
+    """A compressor setting that cannot work with the optimizer hvdcomp finds (e.g.
+    ``precondition='adam'`` or BinSGDM, which return the step itself, under SGD with momentum or
+    under Adam)."""
+
+
 class SetupMismatchError(RankMismatchError):
     """Ranks use different compressors or compressor settings for the same tensors."""
 

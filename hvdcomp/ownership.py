@@ -6,7 +6,7 @@ import gc
 import weakref
 
 from hvdcomp import checks
-from hvdcomp.comm import world_size
+from hvdcomp.comm import world_rank, world_size
 from hvdcomp.errors import HvdcompError
 
 FRESH, FORGET = "fresh", "forget"
@@ -54,7 +54,8 @@ class Ownership:
 
     def check_parameters(self, context, adapter, optimizer):
         """At ``optimizer``'s first gradient, before Horovod can stall on a tensor some rank
-        never submits: every rank of ``context()`` (the compressor's ``CommContext``, asked for
+        never submits: the optimizer must suit the compressor (``checks.inner_optimizer``), and
+        every rank of ``context()`` (the compressor's ``CommContext``, asked for
         only when there is something to check) must reduce the same parameters
         (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
         optimizer."""
@@ -63,6 +64,9 @@ class Ownership:
         if optimizer in self.checked:
             self.last_checked = weakref.ref(optimizer)
             return
+        kind = getattr(adapter, "optimizer_kind", None)
+        checks.inner_optimizer(self.who.method, self.who.returns_step(),
+                               kind(optimizer) if kind is not None else None, world_rank())
         names = adapter.parameter_names(optimizer)
         if names is not None:
             checks.agree_names(context(), names, self.who.method,

@@ -28,6 +28,7 @@ class Identity:
     """No preconditioning."""
     name = None
     adam = None
+    returns_step = None  # the description of a preconditioner whose result is the step itself
 
     def makes_dense(self, entry, store):
         return False
@@ -55,6 +56,7 @@ class Rms(Identity):
 class Adam(Identity):
     """'adam': state ``(t, m, v)`` per tensor, the same on every rank."""
     name = "adam"
+    returns_step = "precondition='adam'"
 
     def __init__(self, settings):
         self.adam = settings

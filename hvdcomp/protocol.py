@@ -37,7 +37,7 @@ import numpy as np
 from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
-from hvdcomp.errors import HvdcompError, UnsupportedOpError
+from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
 from hvdcomp.frontends import numpy as np_adapter
 
@@ -66,15 +66,14 @@ class default_instance:
 class BatchedCompressor:
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
-    Common args (every method takes them as keywords, BinSGDM all but the last two):
-    ``on_nonfinite``: what a step with NaN/Inf in some rank's gradient does, on every rank alike and
-    with the compressor state left unchanged: 'propagate' (default; as Horovod's allreduce: NaN for
-    the non-finite tensors, zeros for the others, so AMP's GradScaler skips the step and backs off;
-    rank 0 logs the tensors and ranks), 'raise' (``NonFiniteGradientError``; recommended outside
-    mixed precision) or 'skip' (zeros for every tensor); ``seed`` (int >= 0); ``fusion``: 'step'
-    (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or 'layerwise' (one bucket per
-    tensor, for comparisons), default ``DEFAULT_FUSION``; ``fusion_cost``: optional ``(latency s,
-    bandwidth B/s)`` of one bucket's reduction for 'auto' (default: measured);
+    Common args (keywords; BinSGDM takes all but the last two): ``on_nonfinite``: what a step
+    with NaN/Inf in some rank's gradient does, on every rank alike, the state left unchanged:
+    'propagate' (default; as Horovod's allreduce: NaN for the non-finite tensors, zeros for the
+    others, so AMP's GradScaler skips the step and backs off; rank 0 logs them), 'raise'
+    (``NonFiniteGradientError``; recommended outside mixed precision) or 'skip' (zeros for every
+    tensor); ``seed`` (int >= 0); ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion,
+    ``hvdcomp.bucketing``) or 'layerwise' (one bucket per tensor), default ``DEFAULT_FUSION``;
+    ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of a bucket's reduction for 'auto';
     ``min_compress_numel``: tensors with fewer elements are summed uncompressed; ``precondition``:
     None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
     """
@@ -94,10 +93,7 @@ class BatchedCompressor:
         self._lock = threading.Lock()
         self._fusion_mode = validate.choice(
             "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
-        if self._fusion_mode != "auto" and fusion_cost is not None:
-            raise ValueError(f"fusion_cost applies to fusion='auto' only "
-                             f"(fusion={self._fusion_mode!r})")
-        self._fusion_cost = fusion_cost
+        self._fusion_cost = validate.fusion_cost(self._fusion_mode, fusion_cost)
         self._start_fresh()
         # Called per tensor: bound once here, not by default_instance.__get__ at every call.
         self.compress, self.decompress = self.compress, self.decompress
@@ -126,6 +122,10 @@ class BatchedCompressor:
         new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
         raise NotImplementedError
 
+    def returns_step(self):
+        """The setting whose result is the step itself (``checks.inner_optimizer``), or None."""
+        return self.preconditioner.returns_step
+
     def describe(self):
         """The class and every setting (common and the method's): what the ranks must agree on
         (``hvdcomp.checks.agree``)."""
@@ -140,11 +140,9 @@ class BatchedCompressor:
     @classmethod
     def default(cls):
         """The instance that ``Cls.compress``/``Cls.decompress`` use when the class is passed."""
-        inst = cls.__dict__.get("_default")
-        if inst is None:
-            inst = cls()
-            setattr(cls, "_default", inst)
-        return inst
+        if cls.__dict__.get("_default") is None:
+            cls._default = cls()
+        return cls._default
 
     # -- the Horovod Compressor protocol ------------------------------------------------------
     @default_instance
@@ -202,8 +200,7 @@ class BatchedCompressor:
                 factor = 1 if entry.by_horovod else self.op_factor(
                     entry.adapter.reduced(output), ctx.key)
             except UnsupportedOpError:
-                self._abandon_step()
-                self.engine.context()  # a launch without MPI ranks explains it: LaunchError
+                self._refuse_op()
                 raise
             if pending:
                 self._flush()
@@ -226,13 +223,15 @@ class BatchedCompressor:
         else:
             self.engine.process(sorted(entries, key=lambda e: e.key))
 
-    def _abandon_step(self):
-        """Drop the step under way: nothing more is communicated, the state is unchanged."""
+    def _refuse_op(self):
+        """Before ``UnsupportedOpError``: drop the step under way (state unchanged); raise
+        ``LaunchError`` for a launch without MPI ranks, ``JoinError`` where a rank in hvd.join()
+        explains the placeholder (``checks.confirm_op_refusal``, or LayerFusion's worker)."""
         entries, self._pending, self._pending_keys = self._pending, [], set()
-        if self._fusion is not None:
-            self._fusion.abandon(entries)
-        else:
-            self.engine.abort_step(entries)
+        found = self._fusion.abandon(entries) if self._fusion else self.engine.abort_step(entries)
+        if isinstance(found, JoinError):
+            raise found from None
+        checks.confirm_op_refusal(self.engine.context())
 
     def reduce_now(self, key, array, reduced_placeholder):
         """``decompress``'s result for one host array reduced now (``reduce_batch_now``), with

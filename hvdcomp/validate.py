@@ -44,3 +44,10 @@ def flag(name, value):
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+def fusion_cost(mode, cost):
+    """``cost`` (``fusion_cost=``): given for fusion='auto' only (ValueError otherwise)."""
+    if mode != "auto" and cost is not None:
+        raise ValueError(f"fusion_cost applies to fusion='auto' only (fusion={mode!r})")
+    return cost

@@ -45,11 +45,12 @@ def test_empty_and_0d_tensors(bad_input, m):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("m", METHODS)
 def test_unsupported_dtypes_and_sparse_tensor_raise(bad_input, m):
-    for r in bad_input.values():
+    for rank, r in bad_input.items():
         for dt in ("int32", "int64", "bool", "complex64", "sparse"):
             msg = r[f"{m}.unsupported_{dt}"]
             assert msg and msg.startswith(f"{m}: tensor '{m}.bad_{dt}' on rank 0 has dtype"), msg
             assert dt in msg and "floating-point" in msg
+            assert msg.endswith(f"(raised on rank {rank})"), msg  # each rank names itself
         assert "sparse float32" in r[f"{m}.unsupported_sparse"]
 
 

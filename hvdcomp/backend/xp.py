@@ -101,6 +101,25 @@ def abs_sum(x):
     return float(np.abs(x).sum())
 
 
+def finite_and_zero(x):
+    """``(finite, zero)``: whether no element of ``x`` is NaN or +-Inf, and whether every element
+    is zero, from the same cheap pass as ``all_finite`` (a sum of squares of 0 is confirmed
+    element by element, since squares of tiny values underflow)."""
+    if is_torch(x):
+        if not (x.is_cpu and x.dtype in numpy_viewable()):
+            torch = _torch()
+            quick = float((x.float() * x.float()).sum()) if x.numel() else 0.0
+            if quick == 0.0:
+                return True, not bool(x.any())
+            return math.isfinite(quick) or bool(torch.isfinite(x).all()), False
+        x = x.detach().numpy() if x.requires_grad else x.numpy()
+    flat = x.reshape(-1)
+    quick = flat.dot(flat) if flat.dtype.itemsize >= 4 else flat.sum()
+    if quick == 0:
+        return True, not flat.any()
+    return math.isfinite(quick) or bool(np.isfinite(flat).all()), False
+
+
 def all_finite(x):
     """True if no element of ``x`` is NaN or +-Inf. One cheap pass (a finite sum of squares, or
     sum for half precision, means finite elements); only a non-finite one, possibly an overflow

@@ -3,8 +3,9 @@
 This layer moves and combines contiguous NumPy buffers; it knows nothing about which
 compression method produced them. Methods plug in through a per-hop ``combine`` function.
 """
-from hvdcomp.comm.context import CommContext, get_context, world_rank, world_size
+from hvdcomp.comm.context import (CommContext, existing_context, get_context, world_rank,
+                                  world_size)
 from hvdcomp.comm.ring import ring_allreduce, sum_combine
 from hvdcomp.comm.stats import CommStats
 
-__all__ = ["CommContext", "get_context", "world_rank", "world_size", "ring_allreduce", "sum_combine", "CommStats"]
+__all__ = ["CommContext", "existing_context", "get_context", "world_rank", "world_size", "ring_allreduce", "sum_combine", "CommStats"]

@@ -120,6 +120,12 @@ def get_context(ranks=None):
         return sub
 
 
+def existing_context():
+    """The world context if this process has created it (hvdcomp has communicated), else None;
+    creates nothing (creating it is a collective)."""
+    return _context
+
+
 def _world_context():
     global _context
     with _lock:

@@ -5,14 +5,17 @@ ones the TensorFlow front end uses, which on large CPU buffers are several times
 Torch's (NumPy backs large allocations with transparent huge pages; a fresh 100 MB Torch tensor
 costs ~45 ms of page faults, measured in ``benchmarks/kernels.py``)."""
 import sys
+import threading
 
 import numpy as np
 import torch
 
-from hvdcomp import kernels
+from hvdcomp import checks, comm, kernels, loss_scale
 from hvdcomp.backend import xp
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends.naming import Caller, code_of, find, group_member, position, unnamed
+
+loss_scale.watch_grad_scalers(scan=True)  # AMP's GradScaler: the loss scale each step is reduced at
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -123,6 +126,64 @@ def parameter_names(optimizer):
     """The sorted names of the parameters a horovod.torch DistributedOptimizer reduces."""
     names = getattr(optimizer, "_parameter_names", {})
     return sorted(names.get(p, "?") for p in getattr(optimizer, "_requires_update", ()))
+
+
+def optimizer_kind(optimizer):
+    """None where ``optimizer`` (a Horovod ``DistributedOptimizer``, a subclass of the user's
+    optimizer class) is plain SGD without momentum, or a class outside ``torch.optim`` that
+    cannot be told; else its description, e.g. ``'torch.optim.AdamW'`` or ``'torch.optim.SGD
+    with momentum=0.9'`` (``hvdcomp.checks.inner_optimizer``)."""
+    base = next((c for c in type(optimizer).__mro__ if c.__module__.startswith("torch.optim.")
+                 and c is not torch.optim.Optimizer), None)
+    if base is None:
+        return None
+    name = f"torch.optim.{base.__name__}"
+    if not issubclass(base, torch.optim.SGD):
+        return name
+    momenta = sorted({float(g.get("momentum", 0.0)) for g in optimizer.param_groups})
+    return None if momenta == [0.0] else f"{name} with momentum={momenta[-1]:g}"
+
+
+def install_join():
+    """Wrap ``hvd.join`` (horovod.torch's, idempotent) so that a rank entering it meets the ranks
+    still training in hvdcomp's next step and both raise ``JoinError``
+    (``hvdcomp.checks.announce_join``), instead of those ranks waiting forever in hvdcomp's
+    collectives while this one waits in Horovod's join. Horovod's join runs meanwhile in a
+    thread (the ranks still training need it to finish their Horovod allreduces) and is
+    returned when every rank joined. A rank on which hvdcomp never communicated joins as
+    before (creating hvdcomp's communicator here is a collective the others are not in)."""
+    try:
+        import horovod.torch as hvd_torch
+        from horovod.torch import mpi_ops
+    except ImportError:
+        return
+    original = mpi_ops.join
+    if getattr(original, "hvdcomp_wrapped", False):
+        return
+
+    def join(device=-1):
+        ctx = comm.existing_context()
+        if ctx is None:
+            return original(device)
+        done = []
+
+        def horovod_join():
+            try:
+                done.append((original(device), None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                done.append((None, exc))
+
+        thread = threading.Thread(target=horovod_join, name="hvdcomp-join", daemon=True)
+        thread.start()
+        checks.announce_join(ctx)
+        thread.join()
+        last, exc = done[0]
+        if exc is not None:
+            raise exc
+        return last
+
+    join.__doc__, join.__wrapped__, join.hvdcomp_wrapped = original.__doc__, original, True
+    mpi_ops.join = hvd_torch.join = join
 
 
 _DTYPE_NAMES = {}
@@ -250,3 +311,6 @@ def restore(flat, like_shape, like_dtype, like_device):
 def meta(tensor):
     """(shape, dtype, device) to rebuild the result."""
     return tuple(tensor.shape), tensor.dtype, tensor.device
+
+
+install_join()

@@ -1,0 +1,106 @@
+"""Common Horovod/PyTorch paths that must never go silently wrong (issue 32), on 2 real MPI
+ranks, each against the same script with Horovod's own ``hvd.Compression.none``: ``hvd.join()``
+with uneven data, loss scales that change (GradScaler, a manual scale), methods whose step is
+normalised under a loss scale, parameters without gradients, and settings that cannot work with
+the optimizer. Rank script: tests/mpi/user_paths.py."""
+import pytest
+
+from mpirun import results, run
+
+# every method, the preconditioners (whose step is normalised), BinSGDM (likewise) and
+# LayerFusion, beside Horovod's own
+COMPRESSIONS = ["marsit", "marsit-rms", "marsit-adam", "marsit-auto", "topk", "topk-rms",
+                "topk-adam-w8", "sketchfusion-bare", "sketchfusion-adam", "efsignsgd",
+                "binsgdm", "none"]
+
+
+def case(*args, timeout=240):
+    res = results(run(2, "user_paths.py", *args, timeout=timeout))
+    assert sorted(res) == [0, 1]
+    return res
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["marsit", "topk", "efsignsgd", "binsgdm", "marsit-auto"])
+def test_hvd_join_with_uneven_steps_is_refused_on_every_rank_within_seconds(name):
+    """Rank 1 takes one step fewer and calls hvd.join(): every rank raises JoinError naming
+    hvd.join and what to do instead (the previous code hung until killed)."""
+    for rank, r in case("join", name, "uneven", timeout=90).items():
+        assert r["error"] and r["error"].startswith("JoinError: "), r
+        assert "hvd.join()" in r["error"] and "same number of steps" in r["error"]
+        assert r["error"].endswith(f"(raised on rank {rank})")
+        assert ("rank(s) [1] called hvd.join()" if rank == 0 else "rank(s) [0] still train") \
+            in r["error"]
+        assert r["seconds"] < 10
+        assert r["identical"]  # nothing was applied on one rank only
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["marsit", "binsgdm", "none"])
+def test_hvd_join_after_even_steps_returns(name):
+    for r in case("join", name, "even", timeout=90).values():
+        assert r["error"] is None and r["identical"]
+
+
+@pytest.fixture(scope="module")
+def scaled():
+    return case("scale", *COMPRESSIONS, timeout=280)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", COMPRESSIONS)
+def test_training_is_invariant_to_the_loss_scale(scaled, name):
+    """Under GradScaler (growth and back-offs: powers of two) the run is bit-identical to the
+    run without a loss scale; under a manual scale of 1024 lowered to 1, then 1000 and 3 (told
+    with hvdcomp.set_loss_scale) it equals it to float rounding. Before: the error memory kept
+    scaled units (Marsit's steps grew 40x) and normalised steps were divided by the scale."""
+    for r in scaled.values():
+        res = r[name]
+        assert res["identical"] == [True, True, True]
+        scales = res["grad_scaler"]["scales"]
+        assert sum(b < a for a, b in zip(scales, scales[1:])) >= 5  # back-offs
+        assert sum(b > a for a, b in zip(scales, scales[1:])) >= 5  # growth
+        assert res["grad_scaler"]["max_diff"] == 0.0, res
+        assert res["manual"]["max_diff"] <= 1e-5 * max(res["moved"], 1e-3), res
+        assert res["moved"] > 1e-3  # the reference did train
+
+
+@pytest.fixture(scope="module")
+def absent():
+    return case("absent", *COMPRESSIONS, timeout=280)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", COMPRESSIONS)
+def test_parameters_without_gradients_do_not_move(absent, name):
+    """Plain SGD: a layer frozen with requires_grad_(False) for 10 steps and a head that every
+    rank leaves unused in 2 of 3 steps stay exactly where they are (as with Horovod's own
+    allreduce, which sums the zeros Horovod fills in); the frozen layer's error memory and
+    preconditioner state wait unchanged, and it trains again once unfrozen. Before: every
+    error-feedback method kept moving them."""
+    for r in absent.values():
+        res = r[name]
+        assert res["identical"]
+        assert max(res["unused_moves"]) == 0.0, res["unused_moves"]
+        assert len(res["frozen_moves"]) == 10 and max(res["frozen_moves"]) == 0.0, res
+        assert all(res["frozen_memory_kept"]), res["frozen_memory_kept"]
+        assert res["trunk_moved_after"] > 0.0
+
+
+@pytest.mark.timeout(300)
+def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank():
+    """precondition='adam' and BinSGDM return the step itself: under SGD with momentum, Adam or
+    AdamW they raise UnsupportedOptimizerError at the first step, on every rank, naming the
+    setting, the optimizer and the rank (before: a silent collapse); plain SGD trains."""
+    refused = {"adam-precondition+sgd-momentum": ("precondition='adam'",
+                                                  "torch.optim.SGD with momentum=0.9"),
+               "adam-precondition+adamw": ("precondition='adam'", "torch.optim.AdamW"),
+               "binsgdm+sgd-momentum": ("BinSGDM", "torch.optim.SGD with momentum=0.9"),
+               "binsgdm+adam": ("BinSGDM", "torch.optim.Adam")}
+    for rank, r in case("misuse").items():
+        for what, (setting, optimizer) in refused.items():
+            msg = r[what]
+            assert msg and msg.startswith("UnsupportedOptimizerError: "), (what, msg)
+            assert setting in msg and f"this one is {optimizer}," in msg, msg
+            assert msg.endswith(f"(raised on rank {rank})")
+        assert r["adam-precondition+sgd"] is None and r["binsgdm+sgd"] is None
