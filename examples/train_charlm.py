@@ -108,7 +108,7 @@ def parser():
     ap.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
-    ap.add_argument("--optimizer", choices=("adam", "sgd", "sgdm"), default=None,
+    ap.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "sgdm"), default=None,
                     help="default: per method (DEFAULTS)")
     ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
                     help="learning rate over the run: constant, or cosine decay to 0")
@@ -131,9 +131,11 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
     compression = COMPRESSIONS[method]()
     opt_name = optimizer or DEFAULTS[method][0]
     lr = DEFAULTS[method][1] if lr is None else lr
-    opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
-           else torch.optim.SGD(model.parameters(), lr=lr,
-                                momentum=0.9 if opt_name == "sgdm" else 0.0))
+    if opt_name in ("adam", "adamw"):  # adamw: decoupled weight decay 0.01
+        opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
+               else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if opt_name == "sgdm" else 0.0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -68,6 +68,7 @@ class BinSGDM(BatchedCompressor):
     """
 
     method = "BinSGDM"
+    follows_adam = False  # it is the optimizer itself (refused under Adam: returns_step)
     n_scalars = 0
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",

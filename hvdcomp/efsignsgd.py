@@ -88,6 +88,9 @@ class EFSignSGD(BatchedCompressor):
     """
 
     method = "EFSignSGD"
+    # Adam users: the vote's error is not in the local error feedback, so a voted momentum
+    # standing in for Adam's own drifts (charlm: 2.44 against 2.26 with the voted gradient)
+    follows_adam = False
     n_scalars = 1  # this rank's scale ||p||_1 / d
 
     def __init__(self, **common):

@@ -88,7 +88,10 @@ class Entry:
     ``own_scale``: Marsit's scale.
     ``zero``: every element is zero on this rank (``checks.agree`` finds those zero on every
     rank: gradients nobody computed, left out of the step); ``scaled``: the step's loss scale
-    applies (a gradient; not a direct ``hvd.allreduce``, ``hvdcomp.loss_scale``).
+    applies (a gradient; not a direct ``hvd.allreduce``, ``hvdcomp.loss_scale``); ``adam``: the
+    user's Adam/AdamW moments of the gradient's parameter (the adapter's ``adam_moments``:
+    ``steps()``, ``beta1``, ``exp_avg(like)``, ``set_exp_avg(m)``; ``hvdcomp.preconditioning.
+    FollowAdam``), or None.
     ``into``/``target``: where the step's result may be written instead of a new array
     (``result_buffer``): a flat host view of the user's gradient ``target`` when the Horovod
     caller (``identity``) lets it be overwritten, as Horovod's own in-place allreduce of a
@@ -96,7 +99,7 @@ class Entry:
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target", "zero", "scaled", "_signature")
+                 "own_scale", "into", "target", "zero", "scaled", "adam", "_signature")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
@@ -116,6 +119,8 @@ class Entry:
         self.zero = False
         # the loss scale applies to gradients: not to a direct hvd.allreduce (torch names it)
         self.scaled = identity is None or identity.optimizer is not None
+        moments = getattr(adapter, "adam_moments", None)
+        self.adam = None if self.work is None or moments is None else moments(identity)
         self._signature = None
 
     def signature(self):
@@ -306,7 +311,7 @@ class StepEngine:
             nonfinite = {entries[i].key for _, i in bad}
             if not end_step:
                 raise SkipStep(nonfinite)
-            self.store.rollback()
+            self._rollback()
             self.skipped += 1
             return [self._unapplied(e, e.work, e.key in nonfinite) for e in entries], big
         reduced = {e.key: self._unapplied(e, e.work, False) for e in absent}
@@ -341,6 +346,7 @@ class StepEngine:
         """End a step reduced in one or several batches: commit the state, count one step,
         set ``last_stats``."""
         self.store.commit()
+        self.pre.land()
         self.batch = 0
         self.step += 1
         step = StepStats(steps=1, step=self.step, ranks=self.context().size)
@@ -353,7 +359,7 @@ class StepEngine:
     def skip_step(self, entries, batch_stats, nonfinite):
         """End a step skipped for NaN/Inf in the tensors ``nonfinite`` (keys): the state is
         rolled back; every entry's result is what ``_unapplied`` gives."""
-        self.store.rollback()
+        self._rollback()
         self.skipped += 1
         for e in entries:
             done = self.results.get(e.ticket)
@@ -361,6 +367,11 @@ class StepEngine:
             self.results[e.ticket] = (self._unapplied(e, like, e.key in nonfinite), e)
             e.release()
         self.end_step(batch_stats)
+
+    def _rollback(self):
+        """Drop the step's staged state (the store's and the preconditioner's)."""
+        self.store.rollback()
+        self.pre.drop()
 
     def _unapplied(self, entry, like, nonfinite):
         """The result of ``entry`` (shaped ``like``) in a skipped step: NaN where the tensor was
@@ -392,7 +403,7 @@ class StepEngine:
 
     def abort_step(self, entries):
         """Forget a step that raised: the state is rolled back, no result is kept."""
-        self.store.rollback()
+        self._rollback()
         self.batch = 0
         for e in entries:
             self.results.pop(e.ticket, None)

@@ -80,6 +80,7 @@ class BatchedCompressor:
 
     method = "base"
     n_scalars = 0
+    follows_adam = True  # precondition=None drives a user's Adam (preconditioning.FollowAdam)
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
@@ -87,7 +88,7 @@ class BatchedCompressor:
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
-        self.preconditioner = preconditioning.make(precondition)
+        self.preconditioner = preconditioning.make(precondition, self.follows_adam)
         self._pending, self._pending_keys = [], set()
         self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()

@@ -6,6 +6,7 @@ Torch's (NumPy backs large allocations with transparent huge pages; a fresh 100 
 costs ~45 ms of page faults, measured in ``benchmarks/kernels.py``)."""
 import sys
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -142,6 +143,53 @@ def optimizer_kind(optimizer):
         return name
     momenta = sorted({float(g.get("momentum", 0.0)) for g in optimizer.param_groups})
     return None if momenta == [0.0] else f"{name} with momentum={momenta[-1]:g}"
+
+
+class AdamMoments:
+    """The moments a user's ``torch.optim.Adam``/``AdamW`` keeps for one parameter (its
+    ``optimizer.state[p]``, filled by the optimizer's first step), as
+    ``hvdcomp.preconditioning.FollowAdam`` reads and drives them."""
+    __slots__ = ("state", "beta1")
+
+    def __init__(self, state, beta1):
+        self.state, self.beta1 = state, float(beta1)
+
+    def steps(self):
+        """The steps the optimizer has taken on the parameter (the same on every rank)."""
+        step = self.state.get("step")
+        return 0 if step is None else int(step)
+
+    def exp_avg(self, like):
+        """The first moment, flat, as the kind of array ``like`` is (a NumPy view on the CPU)."""
+        flat = self.state["exp_avg"].detach().reshape(-1)
+        if flat.dtype != torch.float32:  # the working arrays are float32
+            flat = flat.float()
+        return flat.numpy() if isinstance(like, np.ndarray) else flat
+
+    def set_exp_avg(self, momentum):
+        """Make ``momentum`` (flat, NumPy or a tensor) the first moment."""
+        exp_avg = self.state["exp_avg"]
+        exp_avg.view(-1).copy_(torch.as_tensor(momentum).to(exp_avg.device, exp_avg.dtype))
+
+
+def adam_moments(identity):
+    """``AdamMoments`` of the parameter whose gradient ``identity`` names, where its Horovod
+    ``DistributedOptimizer`` wraps ``torch.optim.Adam`` or ``AdamW`` (without ``amsgrad`` or
+    ``maximize``, whose updates differ); else None."""
+    opt = identity.optimizer if identity is not None else None
+    if opt is None or identity.owner is None or not isinstance(opt, _ADAM_CLASSES):
+        return None
+    groups = _GROUPS.get(opt)
+    if groups is None or id(identity.owner) not in groups:
+        groups = _GROUPS[opt] = {id(p): g for g in opt.param_groups for p in g["params"]}
+    group = groups.get(id(identity.owner))
+    if group is None or group.get("amsgrad") or group.get("maximize"):
+        return None
+    return AdamMoments(opt.state[identity.owner], group["betas"][0])
+
+
+_ADAM_CLASSES = (torch.optim.Adam, torch.optim.AdamW)
+_GROUPS = weakref.WeakKeyDictionary()  # optimizer -> {id(parameter): its param group}
 
 
 def install_join():

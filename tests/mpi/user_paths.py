@@ -14,6 +14,7 @@ case per run (``argv[1]``; ``argv[2:]``: the compressions, test names of tests/v
 - absent: parameters without gradients: layer '0' frozen (requires_grad_(False)) after 6
   steps, then unfrozen; a head ('head_b') that every rank uses only every 3rd step. Under plain
   SGD neither moves while it has no gradient; the frozen layer's error memory waits.
+- adamw: the user's AdamW kept (issue 30): the compressor drives its momentum; resume.
 - misuse: settings that cannot work with the optimizer (precondition='adam' and BinSGDM under
   SGD with momentum, Adam, AdamW) raise UnsupportedOptimizerError on every rank at the first
   step; plain SGD trains.
@@ -239,5 +240,53 @@ def case_misuse():
         out[what], _ = error_of(one_step)
 
 
-{"join": case_join, "scale": case_scale, "absent": case_absent, "misuse": case_misuse}[CASE]()
+# -- the user's AdamW kept ------------------------------------------------------------------------
+def case_adamw():
+    """The user's torch.optim.AdamW, unchanged, with ``argv[2]``: after Adam's 10 dense warm-up
+    steps the compressor sends each rank's momentum, and the gradient AdamW receives is the
+    synchronised momentum, which AdamW's own update keeps as its exp_avg; a checkpoint at step
+    15 resumes bit-identically."""
+    name = NAMES[0]
+
+    def build():
+        compression = compression_for(name)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 10))
+        opt = hvd.DistributedOptimizer(
+            torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01),
+            named_parameters=model.named_parameters(), compression=compression)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, opt, compressor_object(compression)
+
+    def steps(model, opt, comp, start, stop, log=None):
+        for step in range(start, stop):
+            opt.zero_grad()
+            loss = loss_of(model, step)
+            loss.backward()
+            opt.step()
+            if log is not None:
+                w = model[0].weight
+                log.append({"step": step, "loss": float(loss.detach()),
+                            "exp_avg_is_grad": bool(torch.equal(opt.state[w]["exp_avg"], w.grad)),
+                            "compressed": comp.last_stats.compressed_elements,
+                            "identical": identical_across_ranks(model)})
+
+    model, opt, comp = build()
+    log = []
+    steps(model, opt, comp, 0, 15, log)
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "opt": __import__("copy").deepcopy(opt.state_dict()), "comp": comp.state_dict()}
+    steps(model, opt, comp, 15, 30, log)
+    out["log"], out["final"] = log, flat(model).tolist()[:50]
+    model2, opt2, comp2 = build()
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    comp2.load_state_dict(saved["comp"])
+    steps(model2, opt2, comp2, 15, 30)
+    out["resumed_equal"] = bool(torch.equal(flat(model), flat(model2)))
+
+
+{"join": case_join, "scale": case_scale, "absent": case_absent, "misuse": case_misuse,
+ "adamw": case_adamw}[CASE]()
 report(rank=rank, **out)
