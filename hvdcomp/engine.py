@@ -86,9 +86,10 @@ class Entry:
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
-    ``zero``: every element is zero on this rank (``checks.agree`` finds those zero on every
-    rank: gradients nobody computed, left out of the step); ``scaled``: the step's loss scale
-    applies (a gradient; not a direct ``hvd.allreduce``, ``hvdcomp.loss_scale``); ``adam``: the
+    ``gradient``: an optimizer's (or TensorFlow tape's) gradient, not a direct ``hvd.allreduce``
+    (default: what ``identity`` says; None counts as a gradient): the step's loss scale applies
+    to it (``hvdcomp.loss_scale``), and ``zero``: it is all zeros on this rank (``checks.agree``
+    finds those zero on every rank: gradients nobody computed, left out of the step); ``adam``: the
     user's Adam/AdamW moments of the gradient's parameter (the adapter's ``adam_moments``:
     ``steps()``, ``beta1``, ``exp_avg(like)``, ``set_exp_avg(m)``; ``hvdcomp.preconditioning.
     FollowAdam``), or None.
@@ -99,9 +100,9 @@ class Entry:
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target", "zero", "scaled", "adam", "_signature")
+                 "own_scale", "into", "target", "gradient", "zero", "adam", "_signature")
 
-    def __init__(self, key, tensor, adapter, by_horovod=False, identity=None):
+    def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
@@ -117,8 +118,8 @@ class Entry:
         self.target = None if self.into is None else tensor
         self.compensated = self.owned = self.moments = self.own_scale = None
         self.zero = False
-        # the loss scale applies to gradients: not to a direct hvd.allreduce (torch names it)
-        self.scaled = identity is None or identity.optimizer is not None
+        self.gradient = (identity is None or identity.optimizer is not None) \
+            if gradient is None else gradient
         moments = getattr(adapter, "adam_moments", None)
         self.adam = None if self.work is None or moments is None else moments(identity)
         self._signature = None
@@ -286,7 +287,8 @@ class StepEngine:
             e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
                        or self.pre.makes_dense(e, self.store))
             if e.status == checks.OK:
-                finite, e.zero = xp.finite_and_zero(e.work)
+                finite, zero = xp.finite_and_zero(e.work)
+                e.zero = zero and e.gradient
                 if not finite:
                     e.status = checks.NONFINITE
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale)
@@ -334,7 +336,7 @@ class StepEngine:
         if self.scale == 1.0:
             return ()
         inverse = 1.0 / self.scale
-        out = [e for e in entries if e.scaled and not e.by_horovod and e.status == checks.OK]
+        out = [e for e in entries if e.gradient and not e.by_horovod and e.status == checks.OK]
         for e in out:
             if e.into is not None:  # a view of the user's gradient, as ``work``
                 e.work *= inverse

@@ -235,18 +235,18 @@ class BatchedCompressor:
         checks.confirm_op_refusal(self.engine.context())
 
     def reduce_now(self, key, array, reduced_placeholder):
-        """``decompress``'s result for one host array reduced now (``reduce_batch_now``), with
-        the op factor of its reduced placeholder (checked before anything is communicated)."""
+        """``decompress``'s result for one host array (a direct allreduce) reduced now, times
+        its reduced placeholder's op factor (checked before anything is communicated)."""
         factor = self.op_factor(np_adapter.reduced(reduced_placeholder), key)
-        (flat,) = self.reduce_batch_now([key], [array])
+        (flat,) = self.reduce_batch_now([key], [array], gradients=False)
         return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
-    def reduce_batch_now(self, keys, arrays):
-        """Reduce arrays (NumPy, or torch tensors on any device) across ranks now as one batch (a
-        step; every rank calls it with the same keys): the graph front ends' entry point. Returns
-        each one's mean, flat, float32 (float64 input: float64), host or on the tensor's device."""
+    def reduce_batch_now(self, keys, arrays, gradients=True):
+        """The graph front ends' entry point: reduce arrays (NumPy or torch; ``gradients``: a
+        step's, ``Entry.gradient``) now as one batch, every rank with the same keys. Returns each
+        mean, flat, float32 (float64 input: float64), on the host or the tensor's device."""
         with self._lock:
-            entries = [Entry(k, a, adapter_for(a)) for k, a in zip(keys, arrays)]
+            entries = [Entry(k, a, adapter_for(a), gradient=gradients) for k, a in zip(keys, arrays)]
             self.engine.process(sorted(entries, key=lambda e: e.key))
             return [self.engine.results.pop(e.ticket)[0] for e in entries]
 

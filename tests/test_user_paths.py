@@ -14,6 +14,11 @@ COMPRESSIONS = ["marsit", "marsit-rms", "marsit-adam", "marsit-auto", "topk", "t
                 "binsgdm", "none"]
 
 
+# LayerFusion's 'auto' buckets come from timings, so two runs may bucket (and draw random
+# numbers) differently: the bit-exact comparison of two runs takes its 'layerwise' buckets
+SCALED = [name if name != "marsit-auto" else "marsit-layerwise" for name in COMPRESSIONS]
+
+
 def case(*args, timeout=240):
     res = results(run(2, "user_paths.py", *args, timeout=timeout))
     assert sorted(res) == [0, 1]
@@ -44,11 +49,11 @@ def test_hvd_join_after_even_steps_returns(name):
 
 @pytest.fixture(scope="module")
 def scaled():
-    return case("scale", *COMPRESSIONS, timeout=280)
+    return case("scale", *SCALED, timeout=280)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", COMPRESSIONS)
+@pytest.mark.parametrize("name", SCALED)
 def test_training_is_invariant_to_the_loss_scale(scaled, name):
     """Under GradScaler (growth and back-offs: powers of two) the run is bit-identical to the
     run without a loss scale; under a manual scale of 1024 lowered to 1, then 1000 and 3 (told

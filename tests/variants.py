@@ -15,6 +15,7 @@ BARE = None  # in place of the overrides: the preset's class itself, passed bare
 VARIANTS = {
     "marsit": ("marsit", dict(seed=5)),
     "marsit-auto": ("marsit", dict(seed=5, fusion="auto")),
+    "marsit-layerwise": ("marsit", dict(seed=5, fusion="layerwise")),  # buckets fixed by the model
     "marsit-rms": ("marsit-rms", dict(seed=5)),
     "marsit-adam": ("marsit-adam", dict(seed=5)),
     # precondition='adam': warm-ups that end before (marsit) and after (topk) the resume test's
