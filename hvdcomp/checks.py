@@ -3,15 +3,21 @@
 A batch is checked in three places of the step engine (``hvdcomp.engine``):
 
 1. ``agree``: before anything is reduced, every rank contributes a fingerprint of its batch's
-   (name, shape, dtype) list; any difference raises ``RankMismatchError`` on every rank, naming
-   the tensors and ranks.
+   (name, shape, dtype) list, its settings and loss scale; any difference raises
+   ``RankMismatchError`` / ``SetupMismatchError`` on every rank, naming the tensors and ranks.
+   The same all-gather finds the gradients that are all zeros on every rank (absent from the
+   step) and a rank in ``hvd.join()`` (``announce_join``: ``JoinError`` on every rank).
 2. ``verdict``: after one small all-gather of every tensor's status (``OK``, ``NONFINITE``,
    ``UNSUPPORTED``; skipped when ``agree`` saw every status OK and nothing is compressed), an
    unsupported dtype raises ``UnsupportedTensorError`` and a NaN/Inf raises
    ``NonFiniteGradientError`` (or, with ``on_nonfinite='skip'``, asks for the step to be skipped),
    on every rank, since every rank sees the same gathered statuses.
 3. ``reduction_factor``: in ``decompress``, what Horovod reduced the placeholder
-   (``placeholder_values``) to says which reduction op the user asked for.
+   (``placeholder_values``) to says which reduction op the user asked for
+   (``confirm_op_refusal`` before refusing one).
+
+At an optimizer's first gradient, ``inner_optimizer`` refuses a setting that cannot work with
+it (every rank checks its own optimizer).
 
 ``context(name)`` is the MPI context hvdcomp communicates on, refused with ``LaunchError`` when
 Horovod runs ranks that MPI does not know (a Gloo launch).
@@ -31,7 +37,7 @@ OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 # The first value of the header ``agree`` gathers, where it is not a batch's tensor count:
 JOINED = -1.0  # the rank is in hvd.join() (``announce_join``)
 OP_REFUSED = -2.0  # the rank refuses the step's reduction op (``confirm_op_refusal``)
-HEADER = 9  # the header's length
+HEADER = 9  # the header's length: count, 2 + 2 fingerprints, scale, zeros, their hash, not OK
 
 
 def horovod_world():
@@ -147,9 +153,9 @@ def confirm_op_refusal(ctx):
 _JOIN_ADVICE = (
     "hvdcomp's compressed reduction needs every rank in every step, so ranks cannot take "
     "different numbers of steps and hvd.join() them (Horovod's own allreduce can). Give every "
-    "rank the same number of steps: e.g. torch's DistributedSampler (it gives every rank a shard of "
-    "one length), or stop every rank after the shortest "
-    "shard's steps (hvd.allreduce(torch.tensor(len(loader)), op=hvd.Min)); or use "
+    "rank the same number of steps: e.g. torch's DistributedSampler (it gives every rank a "
+    "shard of one length), or stop every rank after the shortest shard's steps "
+    "(hvd.allreduce(torch.tensor(len(loader)), op=hvd.Min)); or use "
     "compression=hvd.Compression.none for a job that needs hvd.join()")
 
 

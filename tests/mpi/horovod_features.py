@@ -36,7 +36,8 @@ import horovod.torch as hvd
 
 import hvdcomp
 from report import report
-from torch_common import batch, digest, identical_across_ranks, load_digits_split, make_model
+from torch_common import (batch, digest, grad_scaler_step, identical_across_ranks,
+                          load_digits_split, make_model)
 
 CASE = sys.argv[1]
 torch.set_num_threads(1)
@@ -118,12 +119,7 @@ def case_amp():
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
-        scaler.scale(loss).backward()
-        opt.synchronize()
-        scaler.unscale_(opt)
-        with opt.skip_synchronize():
-            scaler.step(opt)
-        scaler.update()
+        grad_scaler_step(opt, scaler, loss)
         losses.append(float(loss.detach()))
         scales.append(float(scaler.get_scale()))
         identical += identical_across_ranks(model)

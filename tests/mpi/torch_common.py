@@ -101,3 +101,14 @@ def evaluate(model, x, y):
         logits = model(x)
         return ((logits.argmax(1) == y).float().mean().item(),
                 torch.nn.functional.cross_entropy(logits, y).item())
+
+
+def grad_scaler_step(opt, scaler, loss):
+    """One step of Horovod's documented AMP recipe: scaled backward, synchronize, unscale,
+    the scaler's step without a second synchronize, the scaler's update."""
+    scaler.scale(loss).backward()
+    opt.synchronize()
+    scaler.unscale_(opt)
+    with opt.skip_synchronize():
+        scaler.step(opt)
+    scaler.update()

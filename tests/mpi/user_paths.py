@@ -28,8 +28,8 @@ import horovod.torch as hvd
 
 import hvdcomp
 from report import report
-from torch_common import (batch, compression_for, compressor_object, identical_across_ranks,
-                          load_digits_split)
+from torch_common import (batch, compression_for, compressor_object, grad_scaler_step,
+                          identical_across_ranks, load_digits_split)
 
 CASE, NAMES = sys.argv[1], sys.argv[2:]
 torch.set_num_threads(1)
@@ -115,12 +115,7 @@ def train_scaled(name, mode):
             loss = loss * float("inf")
         if mode == "grad_scaler":
             scales.append(scaler.get_scale())
-            scaler.scale(loss).backward()
-            opt.synchronize()
-            scaler.unscale_(opt)
-            with opt.skip_synchronize():
-                scaler.step(opt)
-            scaler.update()
+            grad_scaler_step(opt, scaler, loss)
             continue
         scale = MANUAL[step] if mode == "manual" else 1.0
         if mode == "manual":
