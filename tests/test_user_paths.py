@@ -96,7 +96,8 @@ def test_parameters_without_gradients_do_not_move(absent, name):
 def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank():
     """precondition='adam' and BinSGDM return the step itself: under SGD with momentum, Adam or
     AdamW they raise UnsupportedOptimizerError at the first step, on every rank, naming the
-    setting, the optimizer and the rank (before: a silent collapse); plain SGD trains."""
+    setting, the optimizer and the rank (before: a silent collapse); plain SGD trains. Ranks
+    that tell different loss scales are refused too."""
     refused = {"adam-precondition+sgd-momentum": ("precondition='adam'",
                                                   "torch.optim.SGD with momentum=0.9"),
                "adam-precondition+adamw": ("precondition='adam'", "torch.optim.AdamW"),
@@ -109,6 +110,9 @@ def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank(
             assert setting in msg and f"this one is {optimizer}," in msg, msg
             assert msg.endswith(f"(raised on rank {rank})")
         assert r["adam-precondition+sgd"] is None and r["binsgdm+sgd"] is None
+        msg = r["different_scales"]  # and ranks at different loss scales
+        assert msg and msg.startswith("SetupMismatchError: Marsit: ranks reduce step 0 at "
+                                      "different loss scales (rank 0: 2, rank 1: 4)"), msg
 
 
 @pytest.mark.timeout(300)

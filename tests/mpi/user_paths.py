@@ -233,6 +233,17 @@ def case_misuse():
             opt.step()
 
         out[what], _ = error_of(one_step)
+    # ranks that tell different loss scales
+    model, opt = model_and_opt(hvdcomp.Marsit(), lr=0.02)
+    hvdcomp.set_loss_scale(2.0 if rank == 0 else 4.0)
+
+    def scaled_step():
+        opt.zero_grad()
+        loss_of(model, 0).backward()
+        opt.step()
+
+    out["different_scales"], _ = error_of(scaled_step)
+    hvdcomp.set_loss_scale(None)
 
 
 # -- the user's AdamW kept ------------------------------------------------------------------------
