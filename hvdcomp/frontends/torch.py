@@ -4,6 +4,7 @@ handed to the backend as NumPy views (zero-copy): the backend then runs NumPy's 
 ones the TensorFlow front end uses, which on large CPU buffers are several times faster than
 Torch's (NumPy backs large allocations with transparent huge pages; a fresh 100 MB Torch tensor
 costs ~45 ms of page faults, measured in ``benchmarks/kernels.py``)."""
+import atexit
 import sys
 import threading
 import weakref
@@ -223,6 +224,7 @@ def install_join():
 
         thread = threading.Thread(target=horovod_join, name="hvdcomp-join", daemon=True)
         thread.start()
+        _await_at_exit(thread)
         checks.announce_join(ctx)
         thread.join()
         last, exc = done[0]
@@ -232,6 +234,18 @@ def install_join():
 
     join.__doc__, join.__wrapped__, join.hvdcomp_wrapped = original.__doc__, original, True
     mpi_ops.join = hvd_torch.join = join
+
+
+def _await_at_exit(thread, seconds=30):
+    """Give a Horovod join still running in ``thread`` (its rank raised ``JoinError`` and went
+    on) up to ``seconds`` at interpreter exit to end: a daemon thread that is still inside
+    Horovod's C++ wait when Python finalises is unwound by force, which aborts the process."""
+    if not _JOINS:
+        atexit.register(lambda: [t.join(seconds) for t in _JOINS])
+    _JOINS.append(thread)
+
+
+_JOINS = []  # the threads of hvd.join calls (install_join)
 
 
 _DTYPE_NAMES = {}
