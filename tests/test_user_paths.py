@@ -3,8 +3,12 @@ ranks, each against the same script with Horovod's own ``hvd.Compression.none``:
 with uneven data, loss scales that change (GradScaler, a manual scale), methods whose step is
 normalised under a loss scale, parameters without gradients, and settings that cannot work with
 the optimizer. Rank script: tests/mpi/user_paths.py."""
+import math
+
 import pytest
 
+import hvdcomp
+from hvdcomp import loss_scale
 from mpirun import results, run
 
 # every method, the preconditioners (whose step is normalised), BinSGDM (likewise) and
@@ -131,3 +135,15 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
         assert r["resumed_equal"]
         first, last = (sum(s["loss"] for s in log[i:i + 5]) / 5 for i in (0, 25))
         assert last < first - 0.3  # it trains
+
+
+def test_set_loss_scale_takes_a_finite_positive_number_or_none():
+    try:
+        for bad in (0, -1.0, math.nan, math.inf, True, "2"):
+            with pytest.raises(ValueError, match="set_loss_scale"):
+                hvdcomp.set_loss_scale(bad)
+        hvdcomp.set_loss_scale(1024)
+        assert loss_scale.current() == 1024.0
+    finally:
+        hvdcomp.set_loss_scale(None)
+    assert loss_scale.current() == 1.0  # no GradScaler has scaled a loss in this process

@@ -17,7 +17,7 @@ from hvdcomp.backend import xp
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends.naming import Caller, code_of, find, group_member, position, unnamed
 
-loss_scale.watch_grad_scalers(scan=True)  # AMP's GradScaler: the loss scale each step is reduced at
+loss_scale.watch_grad_scalers(scan=True)  # AMP's GradScaler: each step's loss scale
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
