@@ -7,7 +7,11 @@ per (method, seed, lr) in ``--runs``) inside a single horovodrun launch, so the 
 
 Each run builds a fresh model, optimizer and compressor instance (no state carries over). Rank 0
 writes ``DIR/<tag>.json`` ({"summary", "curve"} as the example's ``--json``, plus ``wall_s``)
-after each run and prints one progress line.
+after each run and prints one progress line. A run that hvdcomp refuses (an ``hvdcomp.errors``
+exception, raised on every rank: e.g. BinSGDM under SGD with momentum) writes ``{"refused":
+message}`` instead, and the next run goes on. The method ``ceiling`` is the example's ``none`` run
+with the gradient exchange removed (``hvd.DistributedOptimizer`` returns the user's optimizer
+as it is: every rank trains alone), whose time is the compute ceiling of the step.
 """
 import argparse
 import importlib.util
@@ -16,6 +20,8 @@ import os
 import sys
 import time
 
+from hvdcomp.errors import HvdcompError
+
 
 def load_example(path):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as when run as a script
@@ -23,6 +29,24 @@ def load_example(path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # imports hvdcomp before hvd.init(), as the examples do
     return mod
+
+
+def run_one(mod, ex_args, method, seed, lr):
+    """The example's ``train()`` for one (method, seed, lr); ``ceiling``: ``none`` without
+    ``hvd.DistributedOptimizer`` (the optimizer as the user built it)."""
+    if method != "ceiling":
+        rec = mod.train(ex_args, method, seed, lr, verbose=False)
+        rec.pop("model", None), rec.pop("compression", None)  # train_tf.py's, for its main()
+        return rec
+    wrap = mod.hvd.DistributedOptimizer
+    mod.hvd.DistributedOptimizer = lambda optimizer, **kwargs: optimizer
+    try:
+        rec = mod.train(ex_args, "none", seed, lr, verbose=False)
+        rec.pop("model", None), rec.pop("compression", None)
+    finally:
+        mod.hvd.DistributedOptimizer = wrap
+    rec["summary"].update(compression="ceiling", bytes_per_step=0.0, identical=True)
+    return rec
 
 
 def tag_of(task, method, seed, lr):
@@ -42,15 +66,26 @@ def main():
     ex_args = mod.parser().parse_args(rest)
     hvd = mod.hvd
     hvd.init()
-    mod.torch.set_num_threads(1)
+    if hasattr(mod, "torch"):
+        mod.torch.set_num_threads(1)
+    else:  # TensorFlow: one thread per op, as OMP_NUM_THREADS=1 gives torch
+        mod.tf.config.threading.set_intra_op_parallelism_threads(1)
     runs = json.loads(args.runs)
     for i, (method, seed, lr) in enumerate(runs):
         t0 = time.perf_counter()
-        rec = mod.train(ex_args, method, int(seed), lr, verbose=False)
+        tag = tag_of(args.task, method, seed, lr)
+        try:
+            rec = run_one(mod, ex_args, method, int(seed), lr)
+        except HvdcompError as exc:  # raised on every rank alike
+            if hvd.rank() == 0:
+                with open(os.path.join(args.out, tag + ".json"), "w") as fh:
+                    json.dump({"refused": f"{type(exc).__name__}: {exc}"}, fh)
+                sys.stdout.write(f"[{i + 1}/{len(runs)}] {tag}: refused ({type(exc).__name__})\n")
+                sys.stdout.flush()
+            continue
         rec["wall_s"] = time.perf_counter() - t0
         if hvd.rank() == 0:
             s = rec["summary"]
-            tag = tag_of(args.task, method, seed, lr)
             with open(os.path.join(args.out, tag + ".json"), "w") as fh:
                 json.dump(rec, fh, indent=1)
             sys.stdout.write(

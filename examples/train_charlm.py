@@ -112,6 +112,8 @@ def parser():
                     help="default: per method (DEFAULTS)")
     ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
                     help="learning rate over the run: constant, or cosine decay to 0")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="a linear learning-rate warm-up over the first N steps")
     ap.add_argument("--seed", type=int, default=0, help="model init and data order")
     ap.add_argument("--json", default=None, metavar="FILE",
                     help="write the curve and summary as JSON here (rank 0)")
@@ -129,8 +131,9 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
     model = CharLM(len(vocab), context=args.context)
     numel = sum(p.numel() for p in model.parameters())
     compression = COMPRESSIONS[method]()
-    opt_name = optimizer or DEFAULTS[method][0]
-    lr = DEFAULTS[method][1] if lr is None else lr
+    # the optimizer and rate: this call's, else the command line's, else the method's default
+    opt_name = optimizer or args.optimizer or DEFAULTS[method][0]
+    lr = next(x for x in (lr, args.lr, DEFAULTS[method][1]) if x is not None)
     if opt_name in ("adam", "adamw"):  # adamw: decoupled weight decay 0.01
         opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
                else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01))
@@ -140,8 +143,17 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.steps)
-                if getattr(args, "schedule", "constant") == "cosine" else None)
+    warmup = getattr(args, "warmup_steps", 0)
+    cosine = getattr(args, "schedule", "constant") == "cosine"
+
+    def factor(step):  # of the learning rate at step (0-based): warm-up, then constant or cosine
+        if step < warmup:
+            return (step + 1) / warmup
+        if not cosine:
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+
+    schedule = (torch.optim.lr_scheduler.LambdaLR(opt, factor) if warmup or cosine else None)
 
     def evaluate():
         model.eval()

@@ -2,13 +2,16 @@
 
     horovodrun -np 4 python examples/train_tf.py --mode tape    # custom loop, DistributedGradientTape
     horovodrun -np 4 python examples/train_tf.py --mode keras   # model.fit, hvd.keras DistributedOptimizer
+    horovodrun -np 4 python examples/train_tf.py --mode keras --optimizer adam --lr 1e-3
 
 The only hvdcomp-specific part is the ``compression=`` argument. Checkpointing: the compressor's
 ``state_dict()`` is plain NumPy; save it beside ``tf.train.Checkpoint`` (shown with --ckpt).
 """
 import argparse
+import hashlib
 import pickle
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -43,37 +46,60 @@ def make_model():
                                 tf.keras.layers.Dense(10)])
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["tape", "keras"], default="tape")
     ap.add_argument("--compression", choices=CHOICES, default="marsit")
     ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                    help="the Keras optimizer: SGD (with --momentum) or Adam")
     ap.add_argument("--lr", type=float, default=None,
                     help="default: per method (hvdcomp.registry, task 'tf-digits', else 'digits')")
     ap.add_argument("--momentum", type=float, default=None, help="default: per method")
     ap.add_argument("--ckpt", default=None, help="write a checkpoint (model + hvdcomp state) here")
-    args = ap.parse_args()
-    hvd.init()
-    tf.keras.utils.set_random_seed(0)
+    return ap
+
+
+def train(args, method, seed, lr=None, verbose=True):
+    """One training run on the initialised Horovod world; returns {"summary", "curve"} (test
+    accuracy after every epoch; the same on every rank) and keeps the model and compressor in
+    ``summary``'s companions ``model``/``compression`` for ``main``."""
+    tf.keras.utils.set_random_seed(seed)
     (xs, ys), (xte, yte) = data(hvd.rank(), hvd.size())
-    if args.compression in ("none", "fp16"):
-        compression = getattr(hvd.Compression, args.compression)
+    if method in ("none", "fp16"):
+        compression = getattr(hvd.Compression, method)
     else:
-        compression = registry.build(args.compression)
-    lr, momentum = registry.lr_momentum(args.compression, "tf-digits", fallback="digits")
-    lr = lr if args.lr is None else args.lr
+        compression = registry.build(method)
+    lr_default, momentum = registry.lr_momentum(method, "tf-digits", fallback="digits")
+    lr = next(x for x in (lr, args.lr, lr_default) if x is not None)
     momentum = momentum if args.momentum is None else args.momentum
     model = make_model()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = (tf.keras.optimizers.Adam(lr) if args.optimizer == "adam"
+           else tf.keras.optimizers.SGD(lr, momentum=momentum))
+    curve, t0 = [], time.perf_counter()
+
+    def evaluated(epoch, steps, losses):
+        acc = float(np.mean(np.argmax(model(xte).numpy(), 1) == yte))
+        curve.append({"step": (epoch + 1) * steps, "test_acc": acc,
+                      "train_loss": float(np.mean(losses))})
+        if verbose and hvd.rank() == 0:
+            # TensorFlow reduces tensor by tensor: report totals per training step.
+            total = getattr(compression, "total_stats", None)
+            wire = (f" | sent {total.bytes_sent / ((epoch + 1) * steps) / 1e6:.3f} MB/step/rank, "
+                    f"{total.ratio:.1f}x less than an fp32 ring") if total else ""
+            say(f"epoch {epoch + 1}/{args.epochs} loss {np.mean(losses):.4f} test acc "
+                f"{acc:.4f}{wire}")
+
+    steps = len(range(0, len(xs) - 31, 32))
     if args.mode == "keras":
-        opt = tf.keras.optimizers.SGD(lr, momentum=momentum)
         model.compile(optimizer=hvdk.DistributedOptimizer(opt, compression=compression),
                       loss=loss_fn, metrics=["accuracy"])
+        at_epoch_end = tf.keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: evaluated(epoch, steps, [logs["loss"]]))
         model.fit(xs, ys, batch_size=32, epochs=args.epochs, verbose=0,
-                  callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+                  callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), at_epoch_end])
     else:
-        opt = tf.keras.optimizers.SGD(lr, momentum=momentum)
-
         @tf.function
         def step(xb, yb):
             with tf.GradientTape() as tape:
@@ -86,15 +112,31 @@ def main():
         model(xs[:1])
         hvd.broadcast_variables(model.variables, root_rank=0)
         for epoch in range(args.epochs):
-            losses = [float(step(xs[i:i + 32], ys[i:i + 32])) for i in range(0, len(xs) - 31, 32)]
-            if hvd.rank() == 0:
-                # TensorFlow reduces tensor by tensor: report totals per training step.
-                total = getattr(compression, "total_stats", None)
-                steps = (epoch + 1) * len(losses)
-                wire = (f" | sent {total.bytes_sent / steps / 1e6:.3f} MB/step/rank, "
-                        f"{total.ratio:.1f}x less than an fp32 ring") if total else ""
-                say(f"epoch {epoch + 1}/{args.epochs} loss {np.mean(losses):.4f}{wire}")
-    acc = float(np.mean(np.argmax(model(xte).numpy(), 1) == yte))
+            evaluated(epoch, steps, [float(step(xs[i:i + 32], ys[i:i + 32]))
+                                     for i in range(0, len(xs) - 31, 32)])
+    seconds = time.perf_counter() - t0
+    h = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.weights)).hexdigest()[:16]
+    digests = hvd.allgather_object(h)
+    stats = getattr(compression, "total_stats", None)
+    numel = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    ring = 2 * (hvd.size() - 1) / hvd.size() * numel * 4
+    sent = (stats.bytes_sent + stats.horovod_bytes) / (args.epochs * steps) if stats else (
+        ring / 2 if method == "fp16" else ring)
+    summary = {"task": "tf-digits", "mode": args.mode, "compression": method, "seed": seed,
+               "ranks": hvd.size(), "steps": args.epochs * steps, "epochs": args.epochs,
+               "optimizer": args.optimizer, "lr": lr, "momentum": momentum,
+               "parameters": numel, "metric": "test_acc", "final": curve[-1]["test_acc"],
+               "bytes_per_step": sent, "bytes_kind": "measured" if stats else "computed",
+               "fp32_ring_bytes_per_step": ring, "seconds": seconds, "digests": digests,
+               "identical": len(set(digests)) == 1}
+    return {"summary": summary, "curve": curve, "model": model, "compression": compression}
+
+
+def main():
+    args = parser().parse_args()
+    hvd.init()
+    run = train(args, args.compression, 0)
+    model, compression = run.pop("model"), run.pop("compression")
     if args.ckpt:
         tf.train.Checkpoint(model=model).write(f"{args.ckpt}.rank{hvd.rank()}")
         if isinstance(compression, hvdcomp.BatchedCompressor):
@@ -102,7 +144,8 @@ def main():
                 pickle.dump(compression.state_dict(), fh)
     if hvd.rank() == 0:
         say(f"done: {hvd.size()} ranks, mode={args.mode}, compression={args.compression}, "
-            f"test acc {acc:.4f}")
+            f"test acc {run['summary']['final']:.4f}, weights identical on all ranks: "
+            f"{run['summary']['identical']}")
 
 
 if __name__ == "__main__":
