@@ -220,8 +220,9 @@ def inner_optimizer(who, setting, found, rank):
         "per-coordinate normaliser), so the optimizer inside hvd.DistributedOptimizer must be "
         f"plain SGD without momentum, at an Adam-like learning rate; this one is {found}, which "
         "would apply its own momentum or normalisation on top (training stalls or diverges). "
-        f"Use torch.optim.SGD(params, lr=..., momentum=0), or keep your optimizer and compress "
-        f"without {setting} (e.g. compression=hvdcomp.Marsit) (raised on rank {rank})")
+        "Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), tf.keras.optimizers.SGD(lr)), "
+        f"or keep your optimizer and compress without {setting} (e.g. "
+        f"compression=hvdcomp.Marsit) (raised on rank {rank})")
 
 
 def _differences(lists, size):

@@ -104,6 +104,15 @@ class FollowAdam(Identity):
         self._landing = []
 
 
+def sends_momentum(preconditioner, entry):
+    """Whether ``entry``'s working array this step is the user's Adam momentum (``FollowAdam``
+    past its dense warm-up) rather than a gradient. Sparse methods send more of it (their
+    ``momentum_ratio``): Adam moves every coordinate by about its learning rate each step, so a
+    coordinate left out of the sparse mean loses its step, not only its delay
+    (benchmarks/convergence.py --tasks recipes)."""
+    return isinstance(preconditioner, FollowAdam) and entry.adam is not None and not entry.dense
+
+
 class Rms(Identity):
     """'rms': ``u = g / (sqrt(v_hat) + eps)``; state ``(t, v)`` per tensor, this rank's own."""
     name = "rms"

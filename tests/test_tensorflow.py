@@ -89,3 +89,24 @@ def test_batch_op_runs_only_where_horovod_reduces():
     # backward_passes_per_step=2: the batch op runs inside Horovod's aggregation cond
     assert [res[r]["aggregated_steps"] for r in range(3)] == [2, 2, 2]
     assert all(res[r]["aggregated_same"] for r in range(3))
+
+
+@pytest.mark.timeout(200)
+def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_add_their_own():
+    """BinSGDM and precondition='adam' under Keras Adam, AdamW (also the legacy Adam) or SGD
+    with momentum: UnsupportedOptimizerError on every rank at the first step, naming the setting
+    and the Keras optimizer (before: BinSGDM under Keras Adam trained silently to 0.85-0.90
+    accuracy where uncompressed Adam reaches 0.985). Under plain Keras SGD it trains."""
+    res = results(run(2, "tf_misuse.py", timeout=150))
+    assert sorted(res) == [0, 1]
+    refused = {"binsgdm+adam": ("BinSGDM", "tf.keras.optimizers.Adam"),
+               "binsgdm+sgd-momentum": ("BinSGDM", "tf.keras.optimizers.SGD with momentum=0.9"),
+               "adam-precondition+adamw": ("precondition='adam'", "tf.keras.optimizers.AdamW"),
+               "binsgdm+legacy-adam": ("BinSGDM", "tf.keras.optimizers.Adam")}
+    for rank, r in res.items():
+        for case, (setting, optimizer) in refused.items():
+            error = r[case]["error"]
+            assert error and "UnsupportedOptimizerError" in error, (case, error)
+            assert setting in error and f"this one is {optimizer}," in error, (case, error)
+            assert f"(raised on rank {rank})" in error, error
+        assert r["binsgdm+sgd"] == {"error": None, "identical": True}, r["binsgdm+sgd"]

@@ -192,12 +192,16 @@ def test_public_and_configurable():
     assert (t.path, t.selection) == ("tree", "approx")
     assert hvdcomp.TopK(ratio=1).ratio == 1.0 and hvdcomp.TopK(k=5).k == 5
     assert hvdcomp.TopK(0.05).ratio == 0.05
+    # the user's Adam momentum: 10% by default; a ratio given holds for gradient and momentum
+    assert t.momentum_ratio == 0.1 and hvdcomp.TopK(0.05).momentum_ratio == 0.05
+    assert hvdcomp.TopK(momentum_ratio=0.2).momentum_ratio == 0.2
 
 
 @pytest.mark.parametrize("kw", [
     {"k": 0}, {"k": -3}, {"k": 2.5}, {"k": True}, {"ratio": 0}, {"ratio": 0.0},
     {"ratio": -0.1}, {"ratio": 1.5}, {"ratio": float("nan")}, {"ratio": "0.1"},
-    {"ratio": 0.1, "k": 10}, {"path": "ring"}, {"selection": "sort"},
+    {"ratio": 0.1, "k": 10}, {"momentum_ratio": 0.1, "k": 10}, {"momentum_ratio": 0},
+    {"momentum_ratio": 1.5}, {"path": "ring"}, {"selection": "sort"},
     {"bidirectional": "yes"}, {"min_compress_numel": -1}, {"on_nonfinite": "ignore"},
 ])
 def test_invalid_settings_rejected(kw):

@@ -27,6 +27,7 @@ VARIANTS = {
     "topk": ("topk", dict(ratio=0.01, seed=3)),
     "topk-rms": ("topk-rms", dict(ratio=0.01, seed=3)),
     "topk-bare": ("topk", BARE),
+    "topk-defaults": ("topk", dict()),  # an instance with the class's defaults
     "topk-auto": ("topk", dict(fusion="auto")),  # as topk-bare, with LayerFusion
     "topk-allgather": ("topk", dict(path="allgather")),
     "topk-uni": ("topk", dict(bidirectional=False)),

@@ -195,6 +195,28 @@ def parameter_names(optimizer):
     return None
 
 
+_KERAS_BASES = ("Optimizer", "OptimizerV2", "_BaseOptimizer")
+
+
+def optimizer_kind(optimizer):
+    """None where ``optimizer`` (Horovod's Keras ``DistributedOptimizer``, a subclass of the
+    user's Keras optimizer class) is plain SGD without momentum, or not a Keras optimizer hvdcomp
+    can tell (e.g. a DistributedGradientTape, which has no optimizer); else its description,
+    e.g. ``'tf.keras.optimizers.Adam'`` or ``'tf.keras.optimizers.SGD with momentum=0.9'``
+    (``hvdcomp.checks.inner_optimizer``)."""
+    base = next((c for c in type(optimizer).__mro__
+                 if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+    if base is None or base.__name__ in _KERAS_BASES:
+        return None
+    name = f"tf.keras.optimizers.{base.__name__}"
+    if base.__name__ != "SGD":
+        return name
+    momentum = getattr(optimizer, "momentum", None)  # a float; the legacy SGD: a flag _momentum
+    if isinstance(momentum, (int, float)):
+        return None if momentum == 0 else f"{name} with momentum={momentum:g}"
+    return f"{name} with momentum" if getattr(optimizer, "_momentum", False) else None
+
+
 def placeholder(tensor, values):
     """``values`` (``hvdcomp.checks.placeholder_values``) as the float32 tensor Horovod
     all-reduces in place of the gradient."""

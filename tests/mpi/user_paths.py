@@ -276,6 +276,7 @@ def case_adamw():
                 log.append({"step": step, "loss": float(loss.detach()),
                             "exp_avg_is_grad": bool(torch.equal(opt.state[w]["exp_avg"], w.grad)),
                             "compressed": comp.last_stats.compressed_elements,
+                            "bytes_sent": comp.last_stats.bytes_sent,
                             "identical": identical_across_ranks(model)})
 
     model, opt, comp = build()
