@@ -132,9 +132,9 @@ def test_invalid_settings_rejected_at_construction(kwargs):
 
 def test_settings_and_shapes():
     s = hvdcomp.SketchFusion()
-    assert (s.ratio, s.rows, s.cols, s.width, s.exact) == (0.01, 3, None, 2, True)
+    assert (s.ratio, s.rows, s.cols, s.width, s.exact) == (0.05, 3, None, 2, True)
     k, rows, cols = s.shape_for(84_480)
-    assert (k, rows, cols) == (845, 3, 1690) and rows * cols + k <= 84_480 / 10  # <= 1/10
+    assert (k, rows, cols) == (4224, 3, 8448) and (rows * cols + k) / 84_480 < 0.36  # 7k floats
     assert hvdcomp.SketchFusion(0.5, rows=1, cols=600).shape_for(1000) == (500, 1, 600)
     with pytest.raises(ValueError, match="raise cols"):
         hvdcomp.SketchFusion(0.5, cols=100).shape_for(1000)

@@ -28,9 +28,9 @@ RESUME = [case for m in registry.METHODS for case in RESUME_STAND_INS.get(
     m, [(registry.base_preset(m), form) for form in ("rank", "gathered")])] + [
     ("marsit-rms", "rank"), ("topk-rms", "gathered"), ("marsit-adam-w4", "rank"),
     ("topk-adam-w8", "gathered")]
-# SketchFusion's default sketch (3 x 2k) is sparse and noisy: it reaches the 20-epoch
-# uncompressed model in 40 epochs (20 epochs: ~0.80-0.84 accuracy; the convergence benchmark
-# trains 40 epochs too). TopK's default (1% of each tensor) is at 0.906 after 20 epochs on an
+# SketchFusion's earlier default sketch (3 x 2k at 1%) was sparse and noisy: it reached the
+# 20-epoch uncompressed model in 40 epochs (20 epochs: ~0.80-0.84 accuracy); the default is now 5%
+# (trained 40 epochs here still). TopK's default (1% of each tensor) is at 0.906 after 20 epochs on an
 # AVX-512/AMX Xeon (torch's kernels round differently there; the uncompressed model: 0.964) and
 # at 0.969 after 30
 EPOCHS = {"sketchfusion-bare": 40, "topk-bare": 30}
