@@ -406,9 +406,10 @@ def plot(records, rows, out, tasks, methods, args_smoke=False):
 
 def load_records(dirs, tasks, methods):
     """The non-sweep runs saved under ``<dir>/raw/`` of earlier outputs (for --from); each file
-    is named ``<task>-<method>-s<seed>.json`` (``convergence_ranks.tag_of``)."""
+    is named ``<task>-<method>-s<seed>.json`` (``convergence_ranks.tag_of``). A run found in
+    several dirs is taken from the last."""
     import glob
-    records = []
+    records = {}
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "raw", "*.json"))):
             name = os.path.basename(path)[:-len(".json")]
@@ -423,8 +424,8 @@ def load_records(dirs, tasks, methods):
                 rec.update(error=rec["refused"], refused=True)
             else:
                 rec["wall"] = rec["wall_s"]
-            records.append(rec)
-    return records
+            records[task, method, int(seed)] = rec
+    return list(records.values())
 
 
 def main(argv=None):
