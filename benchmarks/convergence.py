@@ -341,7 +341,8 @@ def write_table(rows, out, sweep):
                 lines.append(f"| {r['method']} |{' %g |' % r['scale'] if sweep else ''} "
                              f"all {r['seeds']} runs {what} | | | | | | |")
                 continue
-            opt = r["optimizer"] + (f" (momentum {r['momentum']:g})" if r.get("momentum") else "")
+            opt = r["optimizer"] + (f" (momentum {r['momentum']:g})"
+                                    if r.get("momentum") and r["optimizer"] == "sgd" else "")
             n = r["seeds"] - r["failed"]
             final = (f"{r['mean']:.4f} ± {r['std']:.4f} [{r['min']:.4f}, {r['max']:.4f}]"
                      + (f" ({r['failed']} failed)" if r["failed"] else "")) if n > 1 \

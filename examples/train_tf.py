@@ -124,7 +124,8 @@ def train(args, method, seed, lr=None, verbose=True):
         ring / 2 if method == "fp16" else ring)
     summary = {"task": "tf-digits", "mode": args.mode, "compression": method, "seed": seed,
                "ranks": hvd.size(), "steps": args.epochs * steps, "epochs": args.epochs,
-               "optimizer": args.optimizer, "lr": lr, "momentum": momentum,
+               "optimizer": args.optimizer, "lr": lr,
+               "momentum": momentum if args.optimizer == "sgd" else None,
                "parameters": numel, "metric": "test_acc", "final": curve[-1]["test_acc"],
                "bytes_per_step": sent, "bytes_kind": "measured" if stats else "computed",
                "fp32_ring_bytes_per_step": ring, "seconds": seconds, "digests": digests,
