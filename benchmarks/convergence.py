@@ -152,23 +152,24 @@ def launch(args, task, runs, out, cluster_rate=None):
     if rc != 0:
         print(f"  {task}: launch FAILED ({rc}) after {wall:.0f}s\n" +
               "\n".join(text.splitlines()[-20:]), flush=True)
-    records = []
-    for (method, seed, scale), (_, _, lr) in zip(runs, plan):
-        path = os.path.join(out, raw, tag_of(task, method, seed, lr) + ".json")
-        if not os.path.exists(path):
-            records.append({"task": task, "method": method, "seed": seed, "scale": scale,
-                            "error": f"no result (launch exit {rc})"})
-            continue
-        with open(path) as fh:
-            rec = json.load(fh)
-        if "refused" in rec:
-            records.append({"task": task, "method": method, "seed": seed, "scale": scale,
-                            "error": rec["refused"], "refused": True})
-            continue
-        rec.update(task=task, method=method, seed=seed, scale=scale, wall=rec["wall_s"])
-        records.append(rec)
+    records = [read_run(os.path.join(out, raw, tag_of(task, method, seed, lr) + ".json"),
+                        {"task": task, "method": method, "seed": seed, "scale": scale},
+                        f"no result (launch exit {rc})")
+               for (method, seed, scale), (_, _, lr) in zip(runs, plan)]
     return records, {"task": task, "runs": len(runs), "wall_s": wall, "rc": rc,
                      "in_runs_s": sum(r.get("wall", 0.0) for r in records)}
+
+
+def read_run(path, fields, missing):
+    """The record of one run from its JSON file, with ``fields`` (task, method, seed, scale);
+    ``error`` set to ``missing`` where there is no file, to the refusal where hvdcomp refused."""
+    if not os.path.exists(path):
+        return {**fields, "error": missing}
+    with open(path) as fh:
+        rec = json.load(fh)
+    if "refused" in rec:
+        return {**fields, "error": rec["refused"], "refused": True}
+    return {**rec, **fields, "wall": rec["wall_s"]}
 
 
 def default_lr(task, method):
@@ -297,20 +298,30 @@ def time_table(rows, rates):
 
 def on_cluster(args, tasks, methods, rates, out):
     """Time one seed of every (task, method) and of the compute ceiling at each link rate on the
-    emulated cluster (benchmarks/cluster.sh; root); the records carry ``rate``."""
-    timing = []
-    subprocess.run([CLUSTER, "down"], capture_output=True)
-    subprocess.run([CLUSTER, "up", "2", rates[0]], check=True)
-    try:
-        for rate in rates:
-            subprocess.run([CLUSTER, "rate", rate], check=True)
-            for task in tasks:
-                recs, _ = launch(args, task, [(m, 0, None) for m in [*methods, "ceiling"]], out,
-                                 cluster_rate=rate)
-                timing += [{**r, "rate": rate} for r in recs]
-    finally:
+    emulated cluster (benchmarks/cluster.sh; root); the records carry ``rate``. Runs already in
+    ``out/raw-<rate>/`` (an earlier call with the same --out) are read, not run again."""
+    from convergence_ranks import tag_of
+    every = [*methods, "ceiling"]
+
+    def path(task, method, rate):
+        return os.path.join(out, f"raw-{rate}", tag_of(task, method, 0, None) + ".json")
+    todo = {(task, rate): [m for m in every if not os.path.exists(path(task, m, rate))]
+            for task in tasks for rate in rates}
+    if any(todo.values()):
         subprocess.run([CLUSTER, "down"], capture_output=True)
-    return timing
+        subprocess.run([CLUSTER, "up", "2", rates[0]], check=True)
+        try:
+            for rate in rates:
+                subprocess.run([CLUSTER, "rate", rate], check=True)
+                for task in tasks:
+                    if todo[task, rate]:
+                        launch(args, task, [(m, 0, None) for m in todo[task, rate]], out,
+                               cluster_rate=rate)
+        finally:
+            subprocess.run([CLUSTER, "down"], capture_output=True)
+    return [{**read_run(path(task, m, rate), {"task": task, "method": m, "seed": 0,
+                                              "scale": None}, "no result"), "rate": rate}
+            for rate in rates for task in tasks for m in every]
 
 
 def fmt_bytes(b):

@@ -10,8 +10,8 @@ writes ``DIR/<tag>.json`` ({"summary", "curve"} as the example's ``--json``, plu
 after each run and prints one progress line. A run that hvdcomp refuses (an ``hvdcomp.errors``
 exception, raised on every rank: e.g. BinSGDM under SGD with momentum) writes ``{"refused":
 message}`` instead, and the next run goes on. The method ``ceiling`` is the example's ``none`` run
-with the gradient exchange removed (``hvd.DistributedOptimizer`` returns the user's optimizer
-as it is: every rank trains alone), whose time is the compute ceiling of the step.
+with the gradient exchange removed (``hvd.DistributedOptimizer``, and Keras's, return the user's
+optimizer as it is: every rank trains alone), whose time is the compute ceiling of the step.
 """
 import argparse
 import importlib.util
@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from hvdcomp import errors
 from hvdcomp.errors import HvdcompError
 
 
@@ -31,6 +32,23 @@ def load_example(path):
     return mod
 
 
+def refusal(exc):
+    """``'<ErrorName>: message'`` where ``exc`` is an ``hvdcomp.errors`` exception (raised on
+    every rank alike), also as TensorFlow re-raises one from a traced function (a StagingError
+    whose message holds it); else None."""
+    cause = exc
+    while cause is not None:
+        if isinstance(cause, HvdcompError):
+            return f"{type(cause).__name__}: {cause}"
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc)
+    named = [n for n in dir(errors) if n.endswith("Error") and f"{n}: " in text]
+    if not named:
+        return None
+    first = min(named, key=lambda n: text.index(f"{n}: "))
+    return first + ": " + text.split(f"{first}: ", 1)[1].strip()
+
+
 def run_one(mod, ex_args, method, seed, lr):
     """The example's ``train()`` for one (method, seed, lr); ``ceiling``: ``none`` without
     ``hvd.DistributedOptimizer`` (the optimizer as the user built it)."""
@@ -38,13 +56,16 @@ def run_one(mod, ex_args, method, seed, lr):
         rec = mod.train(ex_args, method, seed, lr, verbose=False)
         rec.pop("model", None), rec.pop("compression", None)  # train_tf.py's, for its main()
         return rec
-    wrap = mod.hvd.DistributedOptimizer
-    mod.hvd.DistributedOptimizer = lambda optimizer, **kwargs: optimizer
+    fronts = [m for m in (mod.hvd, getattr(mod, "hvdk", None)) if m is not None]  # + Keras's
+    wraps = [m.DistributedOptimizer for m in fronts]
+    for m in fronts:
+        m.DistributedOptimizer = lambda optimizer, **kwargs: optimizer
     try:
         rec = mod.train(ex_args, "none", seed, lr, verbose=False)
         rec.pop("model", None), rec.pop("compression", None)
     finally:
-        mod.hvd.DistributedOptimizer = wrap
+        for m, wrap in zip(fronts, wraps):
+            m.DistributedOptimizer = wrap
     rec["summary"].update(compression="ceiling", bytes_per_step=0.0, identical=True)
     return rec
 
@@ -76,11 +97,14 @@ def main():
         tag = tag_of(args.task, method, seed, lr)
         try:
             rec = run_one(mod, ex_args, method, int(seed), lr)
-        except HvdcompError as exc:  # raised on every rank alike
+        except Exception as exc:  # noqa: BLE001 - an hvdcomp refusal is reported, others raise
+            why = refusal(exc)
+            if why is None:
+                raise
             if hvd.rank() == 0:
                 with open(os.path.join(args.out, tag + ".json"), "w") as fh:
-                    json.dump({"refused": f"{type(exc).__name__}: {exc}"}, fh)
-                sys.stdout.write(f"[{i + 1}/{len(runs)}] {tag}: refused ({type(exc).__name__})\n")
+                    json.dump({"refused": why}, fh)
+                sys.stdout.write(f"[{i + 1}/{len(runs)}] {tag}: refused ({why.split(':')[0]})\n")
                 sys.stdout.flush()
             continue
         rec["wall_s"] = time.perf_counter() - t0
