@@ -42,7 +42,9 @@ def test_convergence_smoke(tmp_path):
         for m in METHODS[1:]:
             r = by[(task, m)]
             assert r["bytes_kind"] == "measured"
-            assert float(r["bytes_per_step"]) < float(r["fp32_ring_bytes"]) / 5, r  # compressed
+            # compressed: at least 2x fewer bytes than fp32 (SketchFusion's default 5% sketch
+            # sends 0.35 of them, TopK 10% of Adam's momentum after a dense warm-up: ~1/3 here)
+            assert float(r["bytes_per_step"]) < float(r["fp32_ring_bytes"]) / 2, r
     # Even a few steps learn something: digits beats chance (0.1), the LM beats its start.
     assert float(by[("digits", "none")]["mean"]) > 0.3
     for m in METHODS:
