@@ -61,9 +61,9 @@ def parser():
 
 
 def train(args, method, seed, lr=None, verbose=True):
-    """One training run on the initialised Horovod world; returns {"summary", "curve"} (test
-    accuracy after every epoch; the same on every rank) and keeps the model and compressor in
-    ``summary``'s companions ``model``/``compression`` for ``main``."""
+    """One training run on the initialised Horovod world; returns {"summary", "curve", "model",
+    "compression"}: the summary and the test accuracy after every epoch (the same on every
+    rank), and the trained model and the compression (for ``main``'s checkpoint)."""
     tf.keras.utils.set_random_seed(seed)
     (xs, ys), (xte, yte) = data(hvd.rank(), hvd.size())
     if method in ("none", "fp16"):
