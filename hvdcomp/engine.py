@@ -90,7 +90,8 @@ class Entry:
     (default: what ``identity`` says; None counts as a gradient): the step's loss scale applies
     to it (``hvdcomp.loss_scale``), and ``zero``: it is all zeros on this rank (``checks.agree``
     finds those zero on every rank: gradients nobody computed, left out of the step); ``adam``: the
-    user's Adam/AdamW moments of the gradient's parameter (the adapter's ``adam_moments``:
+    user's Adam/AdamW moments of the gradient's parameter (the adapter's ``adam_moments``, or
+    the graph front end's ``adam`` where the adapter has none:
     ``steps()``, ``beta1``, ``exp_avg(like)``, ``set_exp_avg(m)``; ``hvdcomp.preconditioning.
     FollowAdam``), or None.
     ``into``/``target``: where the step's result may be written instead of a new array
@@ -102,7 +103,8 @@ class Entry:
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
                  "own_scale", "into", "target", "gradient", "zero", "adam", "_signature")
 
-    def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None):
+    def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None,
+                 adam=None):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
@@ -120,8 +122,8 @@ class Entry:
         self.zero = False
         self.gradient = (identity is None or identity.optimizer is not None) \
             if gradient is None else gradient
-        moments = getattr(adapter, "adam_moments", None)
-        self.adam = None if self.work is None or moments is None else moments(identity)
+        moments = getattr(adapter, "adam_moments", lambda identity: adam)
+        self.adam = None if self.work is None else moments(identity)
         self._signature = None
 
     def signature(self):

@@ -52,7 +52,9 @@ class Identity:
 
 class FollowAdam(Identity):
     """The default preconditioner: the gradient as it is for every optimizer but the user's
-    ``torch.optim.Adam``/``AdamW``, whose own state it drives so that Adam users keep Adam.
+    ``torch.optim.Adam``/``AdamW`` or Keras ``Adam``/``AdamW`` (``Entry.adam``: the torch
+    adapter's ``AdamMoments``, TensorFlow's ``KerasAdamMoments``), whose own state it drives so
+    that Adam users keep Adam.
 
     Why: Adam divides by a second moment of what it receives; fed a compressed gradient, that
     moment measures the compression (a 1-bit mean has one magnitude per tensor), not the

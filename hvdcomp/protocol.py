@@ -241,12 +241,12 @@ class BatchedCompressor:
         (flat,) = self.reduce_batch_now([key], [array], gradients=False)
         return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
-    def reduce_batch_now(self, keys, arrays, gradients=True):
-        """The graph front ends' entry point: reduce arrays (NumPy or torch; ``gradients``: a
-        step's, ``Entry.gradient``) now as one batch, every rank with the same keys. Returns each
-        mean, flat, float32 (float64 input: float64), on the host or the tensor's device."""
+    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None):
+        """The graph front ends' entry point: each array's mean (flat, float32 or float64, where it
+        was), reduced now as one batch, the same keys on every rank (gradients, adam: Entry's)."""
         with self._lock:
-            entries = [Entry(k, a, adapter_for(a), gradient=gradients) for k, a in zip(keys, arrays)]
+            entries = [Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
+                       for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
             self.engine.process(sorted(entries, key=lambda e: e.key))
             return [self.engine.results.pop(e.ticket)[0] for e in entries]
 

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from hvdcomp import checks
+from hvdcomp import checks, preconditioning
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends import numpy as np_adapter
@@ -217,6 +217,44 @@ def optimizer_kind(optimizer):
     return f"{name} with momentum" if getattr(optimizer, "_momentum", False) else None
 
 
+def keras_adam(optimizer):
+    """``optimizer`` where it is (Horovod's subclass of) the user's Keras ``Adam``/``AdamW``
+    whose first moment hvdcomp can drive (``hvdcomp.preconditioning.FollowAdam``): a Keras 2
+    optimizer (not legacy), without amsgrad, ``beta_1`` a number; else None."""
+    base = next((c for c in type(optimizer).__mro__
+                 if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+    if base is None or base.__name__ not in ("Adam", "AdamW") or ".legacy." in base.__module__:
+        return None
+    if getattr(optimizer, "amsgrad", False) or not isinstance(getattr(optimizer, "beta_1", None),
+                                                              (int, float)):
+        return None
+    return optimizer
+
+
+class KerasAdamMoments:
+    """One variable's Keras Adam first moment as ``FollowAdam`` reads and drives it, for one step:
+    its value ``m`` and the optimizer's step count, read in the graph before the step's
+    reduction; ``momentum()`` is what the graph assigns to the moment after it (the synchronised
+    momentum where it landed, else ``m`` unchanged), ordered before Keras's own update reads it.
+    Keras's update then keeps it (``m + (M - m)(1 - b1) = M`` with ``m = M``)."""
+    __slots__ = ("m", "beta1", "step", "landed")
+
+    def __init__(self, m, beta1, step):
+        self.m, self.beta1, self.step, self.landed = m, float(beta1), int(step), None
+
+    def steps(self):
+        return self.step
+
+    def exp_avg(self, like):
+        return self.m
+
+    def set_exp_avg(self, momentum):
+        self.landed = np.array(momentum, dtype=np.float32).reshape(-1)
+
+    def momentum(self):
+        return self.m if self.landed is None else self.landed
+
+
 def placeholder(tensor, values):
     """``values`` (``hvdcomp.checks.placeholder_values``) as the float32 tensor Horovod
     all-reduces in place of the gradient."""
@@ -262,11 +300,14 @@ class StepBatch:
     without hvdcomp (a stateful op in each cond would run them one after another, one Horovod
     cycle each)."""
 
-    def __init__(self, compressor, call, process_set):
+    def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
         # where every rank is (the step op may run on a process set's ranks only).
         checks.context(compressor.method)
         self.compressor, self.call, self.process_set = compressor, call, process_set
+        follows = isinstance(compressor.preconditioner, preconditioning.FollowAdam)
+        self.adam = keras_adam(optimizer) if follows else None
+        self.moments = []  # (index in keys, the Keras Adam moment variable), see step_op
         # compress() is traced inside Horovod's tf.cond around the gradient: the graph around
         # that cond is where allreduce_grads runs (e.g. inside backward_passes_per_step's
         # aggregation cond, so the step op runs only on the steps that reduce).
@@ -301,15 +342,48 @@ class StepBatch:
                 def skip():
                     return tf.constant(0, tf.int64)
                 here = _horovod_reduces(self.process_set)
-                self._step = tf.cond(here, reduce, skip) if tf.is_tensor(here) \
-                    else (reduce() if here else skip())
+                if tf.is_tensor(here):
+                    self._step = tf.cond(here, reduce, skip)
+                elif here and self.adam is not None:
+                    self._step = self._reduce_following_adam()
+                else:
+                    self._step = reduce() if here else skip()
         return self._step
+
+    def _reduce_following_adam(self):
+        """The step op where the user's Keras Adam owns the gradients: its first moments and
+        step count are read before the reduction and passed to it (``KerasAdamMoments``), and
+        the moments it returns are assigned after it, so that Keras's update (traced later in
+        the same function: tf.function orders the ops on one variable as written) reads them."""
+        opt = self.adam
+        with tf.init_scope():  # as Keras's apply_gradients does, with the same variables
+            opt.build(list(self.call.vars))
+        by_key = dict(zip(gradient_names(self.call.vars), self.call.vars))
+        for i, key in enumerate(self.keys):
+            slot = opt._index_dict.get(opt._var_key(by_key[key]))
+            if slot is not None and opt._momentums[slot].dtype == tf.float32:
+                self.moments.append((i, opt._momentums[slot]))
+        values = [_working(self.tensors[k]) for k in self.keys]
+        values += [m.read_value() for _, m in self.moments] + [tf.identity(opt.iterations)]
+        out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(
+            self.moments), stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
+        assigns = [m.assign(tf.reshape(new, tf.shape(m))) for (_, m), new in
+                   zip(self.moments, out[1:])]
+        with tf.control_dependencies(assigns):
+            return tf.identity(out[0])
 
     def _reduce(self, *values):
         self.results = {}
-        flats = self.compressor.reduce_batch_now(self.keys, values)
+        grads, adam = values[:len(self.keys)], None
+        if len(values) > len(self.keys):  # _reduce_following_adam: moments, then the step count
+            adam = [None] * len(self.keys)
+            for (i, _), m in zip(self.moments, values[len(self.keys):-1]):
+                adam[i] = KerasAdamMoments(m.reshape(-1), self.adam.beta_1, values[-1])
+        flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam)
         self.results = dict(zip(self.keys, flats))
-        return np.int64(len(flats))
+        if adam is None:
+            return np.int64(len(flats))
+        return [np.int64(len(flats))] + [adam[i].momentum() for i, _ in self.moments]
 
     def take(self, key, step, reduced_placeholder):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
@@ -337,7 +411,8 @@ class Deferred:
         if call is not None and _batchable(tensor):
             batch = _TRACING.get(compressor)
             if batch is None or batch.call.grads is not call.grads or identity.name in batch.joined:
-                batch = _TRACING[compressor] = StepBatch(compressor, call, identity.process_set)
+                batch = _TRACING[compressor] = StepBatch(compressor, call, identity.process_set,
+                                                         identity.optimizer)
             if batch.join(identity.name, tensor):
                 self.batch = batch
 
