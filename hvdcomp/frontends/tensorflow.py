@@ -198,14 +198,20 @@ def parameter_names(optimizer):
 _KERAS_BASES = ("Optimizer", "OptimizerV2", "_BaseOptimizer")
 
 
+def _keras_class(optimizer):
+    """The user's Keras optimizer class that ``optimizer`` is (or Horovod's subclass of), or
+    None where it is none of Keras's (e.g. a DistributedGradientTape)."""
+    return next((c for c in type(optimizer).__mro__
+                 if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+
+
 def optimizer_kind(optimizer):
     """None where ``optimizer`` (Horovod's Keras ``DistributedOptimizer``, a subclass of the
     user's Keras optimizer class) is plain SGD without momentum, or not a Keras optimizer hvdcomp
     can tell (e.g. a DistributedGradientTape, which has no optimizer); else its description,
     e.g. ``'tf.keras.optimizers.Adam'`` or ``'tf.keras.optimizers.SGD with momentum=0.9'``
     (``hvdcomp.checks.inner_optimizer``)."""
-    base = next((c for c in type(optimizer).__mro__
-                 if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+    base = _keras_class(optimizer)
     if base is None or base.__name__ in _KERAS_BASES:
         return None
     name = f"tf.keras.optimizers.{base.__name__}"
@@ -221,8 +227,7 @@ def keras_adam(optimizer):
     """``optimizer`` where it is (Horovod's subclass of) the user's Keras ``Adam``/``AdamW``
     whose first moment hvdcomp can drive (``hvdcomp.preconditioning.FollowAdam``): a Keras 2
     optimizer (not legacy), without amsgrad, ``beta_1`` a number; else None."""
-    base = next((c for c in type(optimizer).__mro__
-                 if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+    base = _keras_class(optimizer)
     if base is None or base.__name__ not in ("Adam", "AdamW") or ".legacy." in base.__module__:
         return None
     if getattr(optimizer, "amsgrad", False) or not isinstance(getattr(optimizer, "beta_1", None),
