@@ -8,12 +8,16 @@ import pytest
 from mpirun import results, run
 
 # (names, warm-up steps before the measured ones: past precondition='adam' and its dense warm-up)
+# SketchFusion: its default since issue 30 (5% of the elements) sends a sketch of 0.35 of the
+# gradient, whose message-sized arrays alone measure 0.83, so it has its own limit (a full-size
+# array on top would pass 1.8); at 1% (the earlier default) the general limit holds.
 CASES = {"methods": (["none", "marsit", "marsit-auto", "efsignsgd", "topk", "sketchfusion-bare",
-                      "binsgdm"], 3),
+                      "sketchfusion-1pct", "binsgdm"], 3),
          "preconditioned": (["marsit-rms", "marsit-adam", "topk-adam"], 12)}
 # in units of the gradient's bytes: one full-size float32 array alone is 1.0; the largest
 # message-sized arrays left are BinSGDM's int8 vote totals (0.25)
 LIMIT = 0.5
+LIMITS = {"sketchfusion-bare": 1.0}
 
 
 @pytest.mark.timeout(300)
@@ -26,6 +30,6 @@ def test_steady_step_allocates_no_full_size_array(case):
         rows = [by_rank[r]["methods"][name] for r in (0, 1)]
         assert rows[0]["digest"] == rows[1]["digest"], name  # bit-identical ranks
         for rank, row in enumerate(rows):
-            assert row["peak"] < LIMIT, (name, rank, row)
+            assert row["peak"] < LIMITS.get(name, LIMIT), (name, rank, row)
             assert row["in_place"], (name, rank, row)
             assert row["direct_out_of_place"], (name, rank, row)

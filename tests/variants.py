@@ -33,6 +33,7 @@ VARIANTS = {
     "topk-uni": ("topk", dict(bidirectional=False)),
     "sketchfusion-bare": ("sketchfusion", BARE),
     "sketchfusion-narrow": ("sketchfusion", dict(ratio=0.02, rows=3, width=4)),
+    "sketchfusion-1pct": ("sketchfusion", dict(ratio=0.01)),  # the default sketch until issue 30
 }
 
 
