@@ -429,14 +429,8 @@ def load_records(dirs, tasks, methods):
             method, _, seed = name[len(task or "") + 1:].rpartition("-s")
             if task is None or method not in methods or "-lr" in name:
                 continue
-            with open(path) as fh:
-                rec = json.load(fh)
-            rec.update(task=task, method=method, seed=int(seed), scale=None)
-            if "refused" in rec:
-                rec.update(error=rec["refused"], refused=True)
-            else:
-                rec["wall"] = rec["wall_s"]
-            records[task, method, int(seed)] = rec
+            records[task, method, int(seed)] = read_run(
+                path, {"task": task, "method": method, "seed": int(seed), "scale": None}, None)
     return list(records.values())
 
 
@@ -496,9 +490,10 @@ def main(argv=None):
         rates = args.link_rates.split(",")
         timing = on_cluster(args, tasks, methods, rates, out)
         add_times(rows, timing, rates)
-        text += "\n" + time_table(rows, rates)
+        times = "\n" + time_table(rows, rates)
+        text += times
         with open(os.path.join(out, "table.md"), "a") as fh:
-            fh.write("\n" + time_table(rows, rates))
+            fh.write(times)
     total = time.perf_counter() - t0
     if scales == [None]:
         plot(records, rows, out, tasks, methods, args.smoke)
