@@ -63,7 +63,8 @@ class BinSGDM(BatchedCompressor):
         seed: seed of the random votes and re-binarisations.
         on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor (a skipped step
             returns zeros and leaves (m, v) unchanged). Every tensor is voted on (no
-            ``min_compress_numel``), and BinSGDM takes no ``precondition``: it is itself the
+            ``min_compress_numel``, no compress-or-pass ``decision``: an exact sum is not the
+            step its optimizer expects), and BinSGDM takes no ``precondition``: it is itself the
             optimizer, with its own momentum and its own per-coordinate normaliser.
     """
 
@@ -73,7 +74,7 @@ class BinSGDM(BatchedCompressor):
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",
                  **common):
-        refused = sorted(common.keys() & {"min_compress_numel", "precondition"})
+        refused = sorted(common.keys() & {"min_compress_numel", "precondition", "decision"})
         if refused:
             raise TypeError(f"BinSGDM takes no {', '.join(refused)}: every tensor is voted on, "
                             "and BinSGDM carries its own momentum and normaliser")

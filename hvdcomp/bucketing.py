@@ -124,6 +124,23 @@ def make_plan(order, sizes, backward, samples, rule, cost=None):
                       [int(sum(sizes[lo:hi])) for lo, hi in ranges], rule, est, lat, bw)
 
 
+def plan_of(scheduler):
+    """The plan in use by ``scheduler`` (dict: 'buckets' (lists of tensor names, in processing
+    order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or no
+    scheduler: ``fusion='step'``)."""
+    plan = scheduler.plan if scheduler is not None else None
+    return None if plan is None else plan.as_dict()
+
+
+def describe(scheduler):
+    """One line describing the buckets ``scheduler`` uses (None: ``fusion='step'``)."""
+    if scheduler is None:
+        return "fusion='step' (one batch per step)"
+    if scheduler.plan is None:
+        return f"fusion='{scheduler.mode}', no plan yet (first step: one batch)"
+    return scheduler.plan.describe()
+
+
 class Scheduler:
     """LayerFusion for one compressor's ``engine`` (see the module docstring)."""
 

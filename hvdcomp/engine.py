@@ -2,20 +2,23 @@
 
 ``StepEngine.process(entries)`` runs, for a batch sorted identically on every rank:
 
-1. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, fewer than
-   ``min_compress_numel`` elements, or a preconditioner's warm-up; an entry ``by_horovod`` was
+1. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, passed by the
+   compress-or-pass decision (``hvdcomp.decision``: fewer than ``min_compress_numel`` elements
+   always), or a preconditioner's warm-up; an entry ``by_horovod`` was
    summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
    what every rank must agree on (step 2 checks it), before the finite check, so a NaN on
    one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
    ``UNSUPPORTED``) and whether it is all zeros (``Entry.zero``);
 2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings and reduce
-   at the same loss scale (``checks.agree``; its all-gather also tells whether any rank has a
+   at the same loss scale (``checks.agree``; its all-gather also carries each rank's step period
+   for the decision, which every rank then updates alike, and tells whether any rank has a
    tensor that is not OK, and which tensors are all zeros on every rank: gradients nobody
    computed, which are *absent* from the step: their result is zero, nothing of the method or
    the preconditioner runs for them and their state waits for their next gradient);
 3. prepare: the working arrays divided by the loss scale (``hvdcomp.loss_scale``: methods and
-   state see unscaled gradients), the preconditioner's ``before`` and the method's ``prepare``
-   (local work and the per-tensor scalars, nothing communicated, no state committed);
+   state see unscaled gradients), the error-feedback memory of a tensor the decision now passes
+   added to what it sends (``hvdcomp.feedback.carry``), the preconditioner's ``before`` and the
+   method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state committed);
 4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
    nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
@@ -36,7 +39,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hvdcomp import checks, kernels, loss_scale
+from hvdcomp import checks, feedback, kernels, loss_scale, preconditioning
 from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.errors import HvdcompError
@@ -189,11 +192,13 @@ class Batch:
 class StepEngine:
     """Reduces batches for one compressor ``method`` (which provides ``method`` (its name),
     ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with ``preconditioner``
-    (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``) and ``store`` (a ``StateStore``)."""
+    (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``), ``store`` (a
+    ``StateStore``) and ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
+    compresses)."""
 
-    def __init__(self, method, store, preconditioner, min_compress_numel, on_nonfinite):
+    def __init__(self, method, store, preconditioner, decision, on_nonfinite):
         self.method, self.store, self.pre = method, store, preconditioner
-        self.min_compress_numel, self.on_nonfinite = min_compress_numel, on_nonfinite
+        self.decision, self.on_nonfinite = decision, on_nonfinite
         self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps
         self.batch = 0  # index of the next batch within the step
@@ -271,7 +276,8 @@ class StepEngine:
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
             bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases,
             horovod_bytes=ring_bytes(sum(e.numel * (8 if e.dtype_name == "float64" else 4)
-                                         for e in entries if e.by_horovod), ctx.size))
+                                         for e in entries if e.by_horovod), ctx.size),
+            decision=self.decision.as_dict())
         if end_step:
             self.end_step([stats])
         else:
@@ -281,24 +287,24 @@ class StepEngine:
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
         name = self.method.method
-        if self.batch == 0:
+        first = self.batch == 0
+        if first:
             self.scale = loss_scale.current()
-        for e in entries:
-            if e.by_horovod:
-                continue
-            e.dense = (e.status != checks.OK or e.numel < self.min_compress_numel
-                       or self.pre.makes_dense(e, self.store))
-            if e.status == checks.OK:
-                finite, zero = xp.finite_and_zero(e.work)
-                e.zero = zero and e.gradient
-                if not finite:
-                    e.status = checks.NONFINITE
-        agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale)
+        period = self.decision.tick() if first else 0.0
+        warming = self._classify(entries)
+        agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
+                              period)
+        if first:
+            self.decision.observe(agreed.period, [e.numel for e in entries],
+                                  typical=not warming, speak=ctx.rank == 0)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]
         small = [e for e in live if e.dense and not e.by_horovod]
         rescaled = self._unscale(live)
+        for e in small:
+            if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
+                feedback.carry(self.store, e, preconditioning.memory_units(self.pre, e))
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
@@ -329,6 +335,23 @@ class StepEngine:
         for e in rescaled:
             reduced[e.key] *= self.scale
         return [reduced[e.key] for e in entries], big
+
+    def _classify(self, entries):
+        """Step 1 of the module docstring for ``entries``; returns whether some tensor is dense
+        for a preconditioner's warm-up (the step is not typical of the decision's candidate)."""
+        warming = False
+        for e in entries:
+            if e.by_horovod:
+                continue
+            passed = not self.decision.compresses(e.numel)
+            e.dense = e.status != checks.OK or passed or self.pre.makes_dense(e, self.store)
+            warming = warming or (e.dense and not passed and e.status == checks.OK)
+            if e.status == checks.OK:
+                finite, zero = xp.finite_and_zero(e.work)
+                e.zero = zero and e.gradient
+                if not finite:
+                    e.status = checks.NONFINITE
+        return warming
 
     def _unscale(self, entries):
         """Divide the working arrays of ``entries`` that the step's loss scale applies to by it

@@ -39,6 +39,19 @@ def compensate(batch, entry):
     return entry.compensated
 
 
+def carry(store, entry, units=1.0):
+    """Add the tensor's memory ``e`` to what ``entry`` sends uncompressed this step (``work +
+    units * e``, a new array: ``units`` converts the memory into the working array's units,
+    ``hvdcomp.preconditioning.memory_units``) and stage its removal, when it has one: a tensor
+    the compress-or-pass decision passes (``hvdcomp.decision``) loses nothing of what its
+    compressed steps left unapplied. A skipped step rolls the removal back with the rest."""
+    memory = store.get(entry.key, like=entry.work)
+    if memory is None:
+        return
+    entry.work = entry.work + (memory * units if units != 1 else memory)
+    store.drop(entry.key)
+
+
 def keep(batch, entry, residual):
     """Store ``residual`` (same kind/device as the gradient) as the tensor's new memory; it
     becomes the state when the step lands (``hvdcomp.state``)."""

@@ -115,6 +115,16 @@ def sends_momentum(preconditioner, entry):
     return isinstance(preconditioner, FollowAdam) and entry.adam is not None and not entry.dense
 
 
+def memory_units(preconditioner, entry):
+    """What one unit of ``entry``'s error-feedback memory is worth in its gradient, when the
+    gradient itself is sent (``hvdcomp.feedback.carry``): ``1 / (1 - beta1)`` where the memory was
+    kept of the user's Adam momentum (``FollowAdam``: the momentum takes ``(1 - beta1)`` of the
+    gradient, so ``e / (1 - beta1)`` in the gradient puts ``e`` into the momentum), else 1."""
+    if isinstance(preconditioner, FollowAdam) and entry.adam is not None:
+        return 1.0 / (1.0 - entry.adam.beta1)
+    return 1.0
+
+
 class Rms(Identity):
     """'rms': ``u = g / (sqrt(v_hat) + eps)``; state ``(t, v)`` per tensor, this rank's own."""
     name = "rms"

@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
+from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS, Decision
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
@@ -75,7 +76,9 @@ class BatchedCompressor:
     ``hvdcomp.bucketing``) or 'layerwise' (one bucket per tensor), default ``DEFAULT_FUSION``;
     ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of a bucket's reduction for 'auto';
     ``min_compress_numel``: tensors with fewer elements are summed uncompressed; ``precondition``:
-    None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``).
+    None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``);
+    ``decision``: 'measure' (compress only where it makes the step faster), 'compress' or 'pass'
+    (``hvdcomp.decision``), default ``hvdcomp.decision.DEFAULT_MODE``.
     """
 
     method = "base"
@@ -84,7 +87,7 @@ class BatchedCompressor:
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
-                 precondition=None):
+                 precondition=None, decision=None):
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
@@ -95,6 +98,8 @@ class BatchedCompressor:
         self._fusion_mode = validate.choice(
             "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
         self._fusion_cost = validate.fusion_cost(self._fusion_mode, fusion_cost)
+        self._decision_mode = validate.choice(
+            "decision", DEFAULT_DECISION if decision is None else decision, DECISIONS)
         self._start_fresh()
         # Called per tensor: bound once here, not by default_instance.__get__ at every call.
         self.compress, self.decompress = self.compress, self.decompress
@@ -102,7 +107,9 @@ class BatchedCompressor:
     def _start_fresh(self):
         """Empty state, step 0: the compressor as just built."""
         self.store = state.StateStore()
-        self.engine = StepEngine(self, self.store, self.preconditioner, self.min_compress_numel,
+        self.decision = Decision(self._decision_mode if self.returns_step() is None else "compress",
+                                 self.min_compress_numel)  # (see hvdcomp.decision)
+        self.engine = StepEngine(self, self.store, self.preconditioner, self.decision,
                                  self.on_nonfinite)
         self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
             self.engine, self._fusion_mode, self._fusion_cost)
@@ -135,7 +142,7 @@ class BatchedCompressor:
                 "fusion": "step" if self._fusion is None else self._fusion.mode,
                 "fusion_cost": None if self._fusion is None else self._fusion.cost,
                 "precondition": self.precondition if self.adam is None else repr(self.adam),
-                **self.settings()}
+                "decision": self.decision.mode, **self.settings()}
 
     # -- class used bare: one default instance per class -------------------------------------
     @classmethod
@@ -211,11 +218,11 @@ class BatchedCompressor:
         return entry.restore(flat, factor)
 
     def op_factor(self, values, key):
-        """The factor of Horovod's reduction op for tensor ``key`` (1 for Average, the set's size
-        for Sum, times pre/postscale) from its reduced placeholder's ``values`` (the adapter's
-        ``reduced()``; one value: unreduced, 1); ``UnsupportedOpError`` for any other op."""
-        ranks = self.engine.ranks or range(world_size())
-        return checks.reduction_factor(values, ranks, key, self.method, world_rank())
+        """The factor of Horovod's op for tensor ``key`` (1 for Average, the set's size for Sum,
+        times pre/postscale) from its reduced placeholder's ``values`` (``adapter.reduced()``;
+        one value: unreduced, 1); ``UnsupportedOpError`` for any other op."""
+        return checks.reduction_factor(values, self.engine.ranks or range(world_size()), key,
+                                       self.method, world_rank())
 
     def _flush(self):
         entries, self._pending, self._pending_keys = self._pending, [], set()
@@ -257,7 +264,8 @@ class BatchedCompressor:
         rank's, gathered on every rank (a collective: call it on all ranks; rank 0 can then
         save one file that restores every rank)."""
         fields = {"method": self.method, "settings": self.settings(), "step": self.engine.step,
-                  "seed": self.seed, "skipped": self.engine.skipped}
+                  "seed": self.seed, "skipped": self.engine.skipped,
+                  "decision": self.decision.state()}
         if self._fusion is not None:
             fields["fusion"] = self._fusion.state()
         return state.checkpoint(self.engine.context(), fields, self.store, all_ranks)
@@ -273,6 +281,7 @@ class BatchedCompressor:
             self.engine.step, self.seed = int(mine["step"]), int(mine["seed"])
             self.engine.skipped = int(mine.get("skipped", 0))
             self.store.load(values)
+            self.decision.load(mine.get("decision"))
             if self._fusion is not None:
                 self._fusion.load(mine.get("fusion"))
 
@@ -287,45 +296,34 @@ class BatchedCompressor:
         """``StepStats`` summed over every step so far."""
         return self.engine.total_stats
 
-    @property
-    def precondition(self):
-        """None, 'rms' or 'adam'."""
-        return self.preconditioner.name
-
-    @property
-    def adam(self):
-        """The ``AdamSettings`` of precondition='adam', else None."""
-        return self.preconditioner.adam
+    precondition = property(lambda self: self.preconditioner.name, doc="None, 'rms' or 'adam'.")
+    adam = property(lambda self: self.preconditioner.adam,
+                    doc="The ``AdamSettings`` of precondition='adam', else None.")
 
     @property
     def fusion_plan(self):
-        """The LayerFusion plan in use (dict: 'buckets' (lists of tensor names, in processing
-        order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or
-        ``fusion='step'``)."""
-        plan = self._fusion.plan if self._fusion is not None else None
-        return None if plan is None else plan.as_dict()
+        """The LayerFusion plan in use (``bucketing.plan_of``), or None."""
+        return bucketing.plan_of(self._fusion)
 
     @default_instance
     def describe_fusion(self):
         """One line describing the buckets in use (on a bare class: its default instance's)."""
-        if self._fusion is None:
-            return f"{self.method}: fusion='step' (one batch per step)"
-        if self._fusion.plan is None:
-            return f"{self.method}: fusion='{self._fusion.mode}', no plan yet (first step: one batch)"
-        return f"{self.method}: {self._fusion.plan.describe()}"
+        return f"{self.method}: {bucketing.describe(self._fusion)}"
 
 
 def horovod_sums(compressor, tensor, adapter, ident):
     """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
     ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
-    ``compressor`` would send uncompressed anyway (fewer than ``min_compress_numel`` elements,
+    ``compressor`` sends uncompressed this step (the compress-or-pass decision passes it, and it
+    holds no error-feedback memory to carry (``hvdcomp.feedback.carry``, done by the step engine);
     no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
     (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
     return (compressor._fusion is None and compressor.preconditioner.name is None
-            and math.prod(tensor.shape) < compressor.min_compress_numel
+            and not compressor.decision.compresses(math.prod(tensor.shape))
+            and compressor.store.get(ident.name) is None
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
 

@@ -29,6 +29,9 @@ FORMAT = 2
 READABLE_FORMATS = (1, 2)
 
 
+_DROPPED = object()  # a staged removal (StateStore.drop)
+
+
 class StateStore:
     """Transactional per-tensor state (see the module docstring)."""
 
@@ -53,6 +56,10 @@ class StateStore:
     def put(self, key, value):
         """Stage ``value`` as ``key``'s new state; visible to ``get`` after ``commit()``."""
         self._staged[key] = value
+
+    def drop(self, key):
+        """Stage the removal of ``key``'s value (``get`` returns None after ``commit()``)."""
+        self._staged[key] = _DROPPED
 
     def spare(self, key, like, part=None):
         """A buffer shaped, typed and placed like ``like`` that holds no live state: the array
@@ -89,6 +96,9 @@ class StateStore:
         """Make the staged values the state; the values they replace become spares (of keys that
         ask for spares, when they share no array with their successor)."""
         for key, value in self._staged.items():
+            if value is _DROPPED:
+                self._committed.pop(key, None)
+                continue
             old = self._committed.get(key)
             if old is not None and key in self._spare_keys and not _shared(old, value):
                 self._spares[key] = old

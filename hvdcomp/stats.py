@@ -14,7 +14,8 @@ class StepStats:
     rank, ``2 (size-1)/size * 4 * elements``. ``ratio`` is its quotient by ``bytes_sent +
     horovod_bytes``.
     ``phases``: seconds spent encoding (compensation, packing, selection), communicating, and
-    decoding; ``seconds`` is the whole flush.
+    decoding; ``seconds`` is the whole flush. ``decision``: the compress-or-pass decision after
+    the step (``hvdcomp.decision.Decision.as_dict``: mode, phase, threshold, switches).
     """
 
     steps: int = 0
@@ -27,6 +28,7 @@ class StepStats:
     horovod_bytes: int = 0
     seconds: float = 0.0
     phases: dict = dataclasses.field(default_factory=dict)
+    decision: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of_step(cls, **kw):
@@ -52,6 +54,7 @@ class StepStats:
         self.seconds += other.seconds
         for k, v in other.phases.items():
             self.phases[k] = self.phases.get(k, 0.0) + v
+        self.decision = other.decision or self.decision
 
     def as_dict(self):
         d = dataclasses.asdict(self)

@@ -4,6 +4,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The tests of what a method does force it to compress (hvdcomp.decision's 'compress' mode, for
+# these ranks too: they inherit the environment); the tests of the compress-or-pass decision
+# (tests/test_decision.py) set the mode they test.
+os.environ.setdefault("HVDCOMP_DECISION", "compress")
 
 from mpirun import results, run  # noqa: E402
 

@@ -1,0 +1,200 @@
+"""The compress-or-pass decision: which tensors a step compresses, chosen by measured step time.
+
+Compressing saves wire time and costs codec time, and hvdcomp's compressed reduction runs after
+the backward pass where Horovod's own allreduce of an uncompressed gradient overlaps it. So where
+the wire is fast, or hidden behind the backward pass, sending gradients as they are is faster, and
+exact; where the wire dominates, compressing wins. Which regime a job is in depends on the model,
+the cluster and the load, so hvdcomp measures it instead of modelling it.
+
+What is decided: a size threshold. A tensor of at least ``threshold`` elements is compressed;
+a smaller one is *passed*: summed exactly (its dtype, float32 or float64) by Horovod's own
+allreduce where ``compress()`` can hand it over (``hvdcomp.protocol.horovod_sums``: torch
+optimizers, one batch per step), else by hvdcomp's float ring in the step (``hvdcomp.engine``).
+Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
+tensors that hold half of the step's elements, and none (every gradient passed).
+
+What is measured: the iteration period, the time between the starts of two consecutive steps'
+reductions, taken on every rank and agreed as the slowest rank's (it rides the step's agreement
+all-gather, ``hvdcomp.checks.agree``). That is the user's throughput itself: the overlap of
+Horovod's allreduce with the backward pass, hvdcomp's encode / comm / decode and the rest of the
+step are all in it, with no cost model to be wrong.
+
+How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
+same threshold, applied from the next step on):
+
+- *probe*: each candidate runs ``settle`` steps (not counted: their period still holds a step of
+  the previous candidate) and then ``samples`` steps; a candidate whose first sample is slower
+  than ``1 + abort`` times the best median so far is dropped after it (a hopeless probe costs two
+  steps). The choice is the fastest median; a candidate that compresses more must beat one that
+  compresses less by ``margin`` (a tie goes to the exact sum: equal time, better gradients).
+- *hold*: the chosen candidate's last ``2 samples`` periods are watched; their median leaving
+  ``[1 - band, 1 + band]`` times the median it was chosen at, where ``band`` is the larger of
+  ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), or ``revisit``
+  steps passing (doubled each time the choice stands, up to 16 times), starts a new probe, the
+  chosen candidate first (it stays unless another wins by ``margin``). Noise within the band
+  changes nothing, so the choice does not flap.
+
+Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
+compresses; for benchmarks and tests), ``'pass'`` (always the last). Methods whose result is the
+optimizer's step itself (BinSGDM, ``precondition='adam'``) always compress: an exact sum of their
+input is not what their optimizer expects. A tensor that switches to passed loses nothing: the
+error-feedback memory it holds is added to what it sends in its first passed step
+(``hvdcomp.feedback.carry``). The state (``state()``/``load()``) is in the compressor's
+checkpoints, so a resume holds the same threshold.
+"""
+import copy
+import logging
+import math
+import os
+import time
+
+import numpy as np
+
+log = logging.getLogger("hvdcomp.decision")
+MODES = ("measure", "compress", "pass")
+# The decision mode of compressors built without ``decision=``.
+DEFAULT_MODE = os.environ.get("HVDCOMP_DECISION", "measure")
+NEVER = math.inf  # the threshold that compresses nothing
+
+
+def candidates(numels, min_numel):
+    """The thresholds to try, most compression first: ``min_numel`` (every tensor the method
+    compresses), the size above which the largest tensors hold half of the elements of those
+    (when that differs), and ``NEVER``. ``numels``: the sizes of the step's tensors."""
+    big = sorted((n for n in numels if n >= min_numel), reverse=True)
+    found = [min_numel]
+    if big:
+        half = np.searchsorted(np.cumsum(big), sum(big) / 2)
+        middle = big[min(int(half), len(big) - 1)]
+        if middle > min_numel and middle > big[-1]:
+            found.append(middle)
+    return found + [NEVER]
+
+
+class Decision:
+    """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
+    step engine and ``compress()`` ask; ``tick()`` gives this rank's period since the last
+    step began; ``observe(period, numels)`` takes the agreed period (seconds; <= 0: none yet)."""
+
+    def __init__(self, mode, min_numel, samples=3, settle=1, abort=0.5, margin=0.05,
+                 drift=0.25, revisit=200):
+        self.mode, self.min_numel = mode, min_numel
+        self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
+        self.drift, self.revisit = drift, revisit
+        self.thresholds = None  # the candidates, fixed at the first step with sizes
+        self.current = 0 if mode != "pass" else -1  # index into thresholds (-1: NEVER)
+        self.phase = "probe" if mode == "measure" else "fixed"
+        self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
+        self.periods = []  # periods counted for the candidate under way (probe) or watched (hold)
+        self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
+        self.chosen = None  # the candidate the last probe chose
+        self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
+
+    @property
+    def threshold(self):
+        if self.thresholds is None:
+            return self.min_numel if self.current == 0 else NEVER
+        return self.thresholds[self.current]
+
+    def compresses(self, numel):
+        """Whether a tensor of ``numel`` elements is compressed this step."""
+        return numel >= self.threshold
+
+    def tick(self):
+        """Seconds since this rank's previous call (a step's start), or 0.0 on the first."""
+        now, last = time.perf_counter(), getattr(self, "_last", None)
+        self._last = now
+        return 0.0 if last is None else now - last
+
+    def observe(self, period, numels, typical=True, speak=False):
+        """Take the step's agreed ``period`` (the slowest rank's); ``numels``: the sizes of the
+        step's tensors (used once, to fix the candidates); ``typical``: False where the step did
+        not run as its candidate says (a preconditioner's dense warm-up): it is not counted, and
+        the next one settles again; ``speak``: log a new choice (rank 0). The new threshold
+        applies from the next step."""
+        if self.thresholds is None:
+            self.thresholds = candidates(numels, self.min_numel)
+        if self.phase == "fixed" or period <= 0:
+            return
+        if not typical:
+            if self.phase == "probe":
+                self.periods, self.seen = [], 0
+            return
+        self.seen += 1
+        if self.phase == "hold":
+            self._hold(period, speak)
+        elif self.seen > self.settle:
+            self._probe(period, speak)
+
+    def _probe(self, period, speak):
+        self.periods.append(period)
+        best = min(self.medians.values(), default=math.inf)
+        hopeless = len(self.periods) == 1 and period > (1 + self.abort) * best
+        if len(self.periods) < self.samples and not hopeless:
+            return
+        median = self.medians[self.current] = float(np.median(self.periods))
+        self.spreads[self.current] = (max(self.periods) - min(self.periods)) / median
+        self.periods, self.seen = [], 0
+        untried = [i for i in range(len(self.thresholds)) if i not in self.medians]
+        if untried:
+            self.current = untried[0]
+            return
+        chosen = max(self.medians)  # the least compression first: ties pass
+        for i in sorted(self.medians, reverse=True):
+            if self.medians[i] < self.medians[chosen] * (1 - self.margin):
+                chosen = i
+        stands = chosen == self.chosen
+        self.interval = min(2 * self.interval, 16 * self.revisit) if stands else self.revisit
+        self.switches += not stands and self.chosen is not None
+        self.chosen = self.current = chosen
+        self.phase = "hold"
+        if speak:
+            log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
+                     ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
+                               for i, m in sorted(self.medians.items())))
+
+    def _hold(self, period, speak):
+        self.periods = (self.periods + [period])[-2 * self.samples:]
+        band = max(self.drift, 2 * self.spreads[self.chosen])
+        drifted = len(self.periods) == 2 * self.samples and abs(
+            float(np.median(self.periods)) / self.medians[self.chosen] - 1) > band
+        if drifted or self.seen >= self.interval:
+            if speak:
+                log.info("compress-or-pass: probing again (%s)", "the step time drifted"
+                         if drifted else f"{self.seen} steps since the choice")
+            # The chosen candidate, in force, is probed first; it stays unless another wins.
+            self.medians, self.spreads, self.periods, self.seen = {}, {}, [], 0
+            self.phase = "probe"
+
+    def describe(self):
+        """One line: the mode, phase and what is compressed."""
+        t = self.threshold
+        what = ("every tensor passed" if t == NEVER else "every tensor it compresses"
+                if t == self.min_numel else f"tensors of {t:,} elements or more compressed")
+        chosen = (f" (chosen at {1e3 * self.medians[self.chosen]:.1f} ms/step)"
+                  if self.phase == "hold" else "")
+        return f"{self.mode}, {self.phase}: {what}{chosen}"
+
+    def as_dict(self):
+        """What ``last_stats`` shows of the decision."""
+        return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
+                "switches": self.switches}
+
+    STATE = ("thresholds", "current", "phase", "medians", "spreads", "periods", "seen",
+             "chosen", "interval", "switches")
+
+    def state(self):
+        """Plain values for a checkpoint."""
+        return {"mode": self.mode, **{k: copy.deepcopy(getattr(self, k)) for k in self.STATE}}
+
+    def load(self, saved):
+        """Restore ``state()`` (None, from a checkpoint written before the decision, or one of
+        another mode: this one's beginning)."""
+        if saved is None or saved.get("mode") != self.mode:
+            return
+        for name in self.STATE:
+            setattr(self, name, copy.deepcopy(saved[name]))
+
+
+def _name(threshold):
+    return "pass all" if threshold == NEVER else f"compress from {threshold:,}"
