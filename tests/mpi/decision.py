@@ -1,0 +1,137 @@
+"""Rank script: the compress-or-pass decision (hvdcomp.decision) on real ranks, through the stock
+hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
+elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
+
+Args: compression lr, then 'carry' or 'resume'.
+
+- carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
+  parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
+  Horovod's DistributedOptimizer left there) and its own gradient of the same batch (a twin model
+  without Horovod), and its error-feedback memory after the step. Rank 0 reports, per tensor,
+  every run of steps in which the tensor was passed right after being compressed: the sum of
+  the applied steps over the run, and the sum of the mean gradients over the run plus the mean
+  memory before the run (they must be equal: the memory is carried, not dropped).
+- resume: a run until the decision holds a choice (at least step MIN_SAVE), a checkpoint
+  (model, optimizer, compressor) through torch.save, AFTER more steps; then a fresh model,
+  optimizer and compressor load it and run the same steps. Reported: both runs' thresholds and
+  digests per step.
+"""
+import copy
+import io
+import sys
+
+import numpy as np
+import torch
+import horovod.torch as hvd
+from mpi4py import MPI
+
+from report import report
+from torch_common import (batch, build, compression_for, compressor_object, digest,
+                          identical_across_ranks, load_digits_split)
+
+name, lr, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+STEPS, MIN_SAVE, MAX_SAVE, AFTER = 22, 14, 40, 4
+hvd.init()
+(xtr, ytr), _ = load_digits_split(0)
+world = MPI.COMM_WORLD
+
+
+def step(model, opt, i):
+    xb, yb = batch(xtr, ytr, i, hvd.rank())
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+    opt.step()
+
+
+def local_gradients(model, i):
+    """This rank's gradient of batch ``i`` at the model's current parameters (float64)."""
+    twin = copy.deepcopy(model)
+    xb, yb = batch(xtr, ytr, i, hvd.rank())
+    torch.nn.functional.cross_entropy(twin(xb), yb).backward()
+    return {n: p.grad.double().numpy().ravel().copy() for n, p in twin.named_parameters()}
+
+
+def mean_over_ranks(arrays):
+    return {k: world.allreduce(v, op=MPI.SUM) / world.size for k, v in arrays.items()}
+
+
+def memory_of(comp, names):
+    """This rank's error-feedback memory per parameter name (zeros where none), float64."""
+    state = comp.state_dict()["state"]
+    out = {}
+    for n, size in names.items():
+        keys = [k for k in state if k.endswith(n) and "#" not in k]
+        out[n] = np.asarray(state[keys[0]], np.float64).ravel() if keys else np.zeros(size)
+    return out
+
+
+def carry():
+    comp_arg = compression_for(name)
+    model, opt = build(comp_arg, lr, 0.0)
+    comp = compressor_object(comp_arg)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    thresholds, identical, applied, grads, memories = [], 0, [], [], [memory_of(comp, sizes)]
+    for i in range(STEPS):
+        grads.append(mean_over_ranks(local_gradients(model, i)))
+        threshold = comp.decision.threshold  # in force for this step
+        step(model, opt, i)
+        thresholds.append(threshold)
+        applied.append({n: p.grad.double().numpy().ravel().copy()
+                        for n, p in model.named_parameters()})
+        memories.append(mean_over_ranks(memory_of(comp, sizes)))
+        identical += identical_across_ranks(model)
+    runs = []
+    for n, size in sizes.items():
+        compressed = [size >= t for t in thresholds]
+        i = 1
+        while i < STEPS:
+            if compressed[i - 1] and not compressed[i]:
+                j = i
+                while j < STEPS and not compressed[j]:
+                    j += 1
+                sent = sum(applied[t][n] for t in range(i, j))
+                owed = sum(grads[t][n] for t in range(i, j)) + memories[i][n]
+                runs.append({"tensor": n, "steps": [i, j], "memory": float(abs(memories[i][n]).max()),
+                             "error": float(abs(sent - owed).max()),
+                             "scale": float(abs(owed).max())})
+                i = j
+            i += 1
+    report(rank=hvd.rank(), thresholds=[str(t) for t in thresholds], identical=identical,
+           steps=STEPS, runs=runs, phase=comp.decision.phase)
+
+
+def resume():
+    comp_arg = compression_for(name)
+    model, opt = build(comp_arg, lr, 0.0)
+    comp = compressor_object(comp_arg)
+    i, saved = 0, None
+    while saved is None and i < MAX_SAVE:
+        step(model, opt, i)
+        i += 1
+        if i >= MIN_SAVE and comp.decision.phase == "hold":
+            saved = io.BytesIO()
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                        "comp": comp.state_dict()}, saved)
+    start, first = i, {"thresholds": [], "digests": []}
+    for i in range(start, start + AFTER):
+        first["thresholds"].append(str(comp.decision.threshold))
+        step(model, opt, i)
+        first["digests"].append(digest(model))
+    if saved is None:
+        report(rank=hvd.rank(), saved_at=None)
+        return
+    saved.seek(0)
+    state = torch.load(saved, weights_only=False)
+    comp_arg2 = compression_for(name)
+    model2, opt2 = build(comp_arg2, lr, 0.0, state=state)
+    comp2 = compressor_object(comp_arg2)
+    second = {"thresholds": [], "digests": []}
+    for i in range(start, start + AFTER):
+        second["thresholds"].append(str(comp2.decision.threshold))
+        step(model2, opt2, i)
+        second["digests"].append(digest(model2))
+    report(rank=hvd.rank(), saved_at=start, first=first, second=second,
+           mode=comp2.decision.mode, switches=comp.decision.switches)
+
+
+{"carry": carry, "resume": resume}[mode]()

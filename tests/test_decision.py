@@ -1,0 +1,129 @@
+"""The compress-or-pass decision (hvdcomp.decision): its rule on given periods (pure), and on real
+ranks through the stock hvd.DistributedOptimizer (the same threshold on every rank, nothing of
+the error-feedback memory lost over a switch, a bit-identical resume after a switch)."""
+import math
+
+import pytest
+
+from conftest import results, run
+from hvdcomp import decision
+from hvdcomp.decision import NEVER, Decision
+
+MEASURE = {"HVDCOMP_DECISION": "measure"}
+
+
+def feed(d, periods, numels=(16384, 2560, 10)):
+    """Observe ``periods`` (``(steps, f(threshold in force, step))``, or a list), one step
+    each, the first of a fresh decision with no period (as the engine's ``tick()``); returns
+    the thresholds in force at each step."""
+    seen = []
+    for i in range(len(periods) if isinstance(periods, list) else periods[0]):
+        seen.append(d.threshold)
+        p = periods[i] if isinstance(periods, list) else periods[1](d.threshold, i)
+        d.observe(0.0 if d.thresholds is None else p, numels)
+    return seen
+
+
+def test_candidates_go_from_every_tensor_to_none_with_the_half_of_the_elements_between():
+    assert decision.candidates([16384, 2560, 256, 10], 1024) == [1024, 16384, NEVER]
+    assert decision.candidates([5000, 5000], 1024) == [1024, NEVER]  # no size between
+    assert decision.candidates([10, 20], 1024) == [1024, NEVER]
+    assert decision.candidates([4, 3, 2, 1], 0) == [0, 3, NEVER]
+
+
+@pytest.mark.parametrize("fastest", [1024, 16384, NEVER])
+def test_the_probe_chooses_the_fastest_candidate_and_holds_it(fastest):
+    d = Decision("measure", 1024)
+    seen = feed(d, (40, lambda t, i: 0.010 if t == fastest else 0.020))
+    assert d.phase == "hold" and d.threshold == fastest
+    assert seen[:2] == [1024, 1024]  # the first step has no period, the second settles
+    assert set(seen[-20:]) == {fastest}  # held: no flapping on a steady step time
+    assert d.as_dict()["threshold"] == fastest
+
+
+def test_a_tie_goes_to_the_exact_sum_and_compression_must_win_by_the_margin():
+    d = Decision("measure", 1024, margin=0.05)
+    feed(d, (20, lambda t, i: 0.0100 if t == NEVER else 0.0097))  # 3% faster: not enough
+    assert d.threshold == NEVER
+    d = Decision("measure", 1024, margin=0.05)
+    feed(d, (20, lambda t, i: 0.0100 if t != 1024 else 0.0090))  # 10% faster: compress
+    assert d.threshold == 1024
+    d = Decision("measure", 1024, margin=0.05)
+    feed(d, (20, lambda t, i: 0.0100 if t == NEVER else 0.0090))  # a tie of two: less of it
+    assert d.threshold == 16384
+
+
+def test_a_hopeless_candidate_is_dropped_after_one_sample():
+    d = Decision("measure", 1024, samples=3, settle=1, abort=0.5)
+    seen = feed(d, (20, lambda t, i: 0.01 if t == 1024 else 0.10))
+    # 1 (no period) + 1 settle + 3 samples of 1024, then 1 settle + 1 sample for each other.
+    assert seen[:9] == [1024] * 5 + [16384] * 2 + [NEVER] * 2
+    assert d.phase == "hold" and d.threshold == 1024
+
+
+def test_noise_within_the_band_keeps_the_choice_and_a_drift_probes_again():
+    d = Decision("measure", 1024, drift=0.25, revisit=10_000)
+    noisy = [0.010, 0.012, 0.009, 0.011]
+    feed(d, (60, lambda t, i: (noisy[i % 4] if t == NEVER else 0.030)))
+    assert d.phase == "hold" and d.threshold == NEVER and d.switches == 0
+    # The step time of the choice doubles (the network got slower): probed again, compressed.
+    feed(d, (40, lambda t, i: {NEVER: 0.020, 16384: 0.016}.get(t, 0.012)))
+    assert d.threshold == 1024 and d.switches == 1
+
+
+def test_revisits_back_off_while_the_choice_stands():
+    d = Decision("measure", 1024, revisit=20)
+    seen = feed(d, (400, lambda t, i: 0.01 if t == 1024 else 0.02))
+    assert set(seen[-100:]) <= {1024, 16384, NEVER} and d.switches == 0
+    assert d.interval > 20  # doubled after each probe that kept the choice
+    assert sum(t != 1024 for t in seen) < 0.1 * len(seen)
+
+
+def test_steps_of_a_preconditioner_warm_up_are_not_counted():
+    d = Decision("measure", 1024)
+    for _ in range(12):
+        d.observe(0.5, [16384], typical=False)  # dense warm-up: slow, and not what it probes
+    assert d.threshold == 1024 and d.medians == {}
+
+
+def test_fixed_modes_and_the_state_round_trip():
+    assert feed(Decision("compress", 1024), [0.1] * 20)[-1] == 1024
+    assert feed(Decision("pass", 1024), [0.1] * 20)[-1] == NEVER
+    d = Decision("measure", 1024)
+    feed(d, (9, lambda t, i: 0.01))
+    twin = Decision("measure", 1024)
+    twin.load(d.state())
+    rest = (30, lambda t, i: 0.01 if t == NEVER else 0.02)
+    assert feed(twin, rest) == feed(d, rest) and twin.state() == d.state()
+    other = Decision("compress", 1024)
+    other.load(d.state())  # another mode's state: ignored
+    assert other.threshold == 1024 and other.phase == "fixed"
+    assert not math.isfinite(Decision("pass", 7).threshold)
+
+
+METHODS = [("marsit", 0.05), ("topk", 0.05), ("efsignsgd", 0.02)]
+
+
+@pytest.mark.parametrize("name,lr", METHODS)
+def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(name, lr):
+    res = results(run(4, "decision.py", name, lr, "carry", env=MEASURE, timeout=240))
+    assert sorted(res) == list(range(4))
+    ours = res[0]
+    assert ours["identical"] == ours["steps"]  # bit-identical parameters after every step
+    assert all(r["thresholds"] == ours["thresholds"] for r in res.values())
+    assert ours["phase"] == "hold"  # the probe finished within the run
+    assert len(set(ours["thresholds"])) == 3  # every candidate ran
+    runs = [r for r in ours["runs"] if r["memory"] > 0]
+    assert runs, ours["runs"]  # some tensor with memory was passed after being compressed
+    for r in runs:
+        assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
+
+
+@pytest.mark.parametrize("name,lr", [("marsit", 0.05), ("topk", 0.05)])
+def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
+    res = results(run(4, "decision.py", name, lr, "resume", env=MEASURE, timeout=240))
+    ours = res[0]
+    assert ours["saved_at"] is not None and ours["mode"] == "measure"
+    assert ours["second"]["thresholds"][0] == ours["first"]["thresholds"][0]  # restored
+    assert ours["second"] == ours["first"]
+    assert all(r["second"] == ours["first"] for r in res.values())
