@@ -5,6 +5,8 @@
         train.jsonl: writes train_matrix.md and train_matrix.png)
     python benchmarks/report.py --tf-vs-torch results/tf-vs-torch-XXXX   (tf_vs_torch.sh's
         train.jsonl: writes tf_vs_torch.md and tf_vs_torch.png)
+    python benchmarks/report.py --regimes results/regimes-XXXX   (regimes.sh's regimes.jsonl:
+        writes regimes.md and regimes.png)
 
 Writes ``table.md``, ``results.csv`` and ``allreduce.png`` in that folder and prints the table.
 Speedups are the Horovod fp32 (and fp16) time at the same link rate and size, from the same run,
@@ -216,6 +218,82 @@ def train_plot(records, path):
     fig.savefig(path, dpi=100)
 
 
+def _regime_jobs(records):
+    """{(model, link label): {method: record}}, the jobs of regimes.py, by r."""
+    jobs = {}
+    for r in records:
+        jobs.setdefault((r["model"], r["label"]), {})[r["method"]] = r
+    return dict(sorted(jobs.items(), key=lambda kv: (kv[0][0], -rate_key(kv[0][1]))))
+
+
+def _decided(rec):
+    """What the decision ran at the end: C (every tensor compressed), P (every tensor passed),
+    H (the largest tensors compressed), or '' (no decision: Horovod's, or a fixed mode)."""
+    d = rec.get("decision")
+    if not d or d["mode"] != "measure":
+        return ""
+    return {d["candidates"][0]: "C", float("inf"): "P"}.get(d["threshold"], "H")
+
+
+def regimes_markdown(records):
+    """Per model and link: r, the ceiling's step, and per configuration its fraction of the
+    ceiling, its ratio to the faster of Horovod fp32 and fp16, and the decision's choice."""
+    methods = [m for m in ["hvd-fp32", "hvd-fp16", *registry.METHODS]
+               if any(r["method"] == m for r in records)]
+    head = ["model", "link", "r", "ceiling ms/step", *methods]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, label), job in _regime_jobs(records).items():
+        ok = {m: r for m, r in job.items() if r.get("status") == "ok"}
+        if "ceiling" not in ok:
+            continue
+        ceiling = ok["ceiling"]["seconds"]
+        best = min(ok[m]["seconds"] for m in ("hvd-fp32", "hvd-fp16") if m in ok)
+        cells = []
+        for m in methods:
+            r = job.get(m)
+            if r is None:
+                cells.append("")
+            elif r.get("status") != "ok":
+                cells.append("refused" if "Unsupported" in r["status"] else "error")
+            else:
+                lo, hi = min(r["rounds"]), max(r["rounds"])
+                cells.append(f"{ceiling / r['seconds']:.2f} ({best / r['seconds']:.2f}x) "
+                             f"{_decided(r)} [{ceiling / hi:.2f}-{ceiling / lo:.2f}]".replace(
+                                 "  ", " "))
+        lines.append(f"| {model} | {label} | {ok['ceiling']['r']:.2f} | {1e3 * ceiling:.0f} | "
+                     + " | ".join(cells) + " |")
+    return ("Each cell: throughput as a fraction of the compute ceiling (median of the rounds), "
+            "in brackets the ratio to the faster of Horovod fp32 and fp16 of the same job, the "
+            "decision's choice (C: every tensor compressed, H: the largest, P: every tensor "
+            "passed), and the range of the rounds' fractions.\n\n" + "\n".join(lines))
+
+
+def regimes_plot(records, path):
+    """Fraction of the compute ceiling against r, one panel per model, a line per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    jobs = _regime_jobs(records)
+    models = sorted({k[0] for k in jobs})
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for m in ORDER:
+            pts = sorted((job["ceiling"]["r"], job["ceiling"]["seconds"] / job[m]["seconds"])
+                         for (mo, _), job in jobs.items() if mo == model and "ceiling" in job
+                         and job.get(m, {}).get("status") == "ok")
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=m, ls="--" if m.startswith("hvd") else "-")
+        ax.set_xscale("log"), ax.set_ylim(0, 1.1)
+        ax.set_xlabel("r = Horovod fp32 allreduce / compute step"),
+        ax.set_ylabel("throughput / compute ceiling")
+        ax.set_title(f"{model}: stock hvd.DistributedOptimizer")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("2 hosts x 2 ranks, emulated links (compress-or-pass decision on)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -355,6 +433,15 @@ def main():
         with open(os.path.join(folder, "tf_vs_torch.md"), "w") as fh:
             fh.write(md + "\n")
         tf_vs_torch_plot(records, os.path.join(folder, "tf_vs_torch.png"))
+        print(md)
+        return
+    if sys.argv[1] == "--regimes":
+        folder = sys.argv[2]
+        records = load(os.path.join(folder, "regimes.jsonl"))
+        md = regimes_markdown(records)
+        with open(os.path.join(folder, "regimes.md"), "w") as fh:
+            fh.write(md + "\n")
+        regimes_plot(records, os.path.join(folder, "regimes.png"))
         print(md)
         return
     folder = sys.argv[1]

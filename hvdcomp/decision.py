@@ -178,7 +178,7 @@ class Decision:
     def as_dict(self):
         """What ``last_stats`` shows of the decision."""
         return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
-                "switches": self.switches}
+                "candidates": self.thresholds, "switches": self.switches}
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "periods", "seen",
              "chosen", "interval", "switches")

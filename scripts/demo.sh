@@ -7,6 +7,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 source "$ROOT/scripts/mpi_env.sh"
 NP="${NP:-4}"
+# On one machine the "network" is shared memory, faster than any codec: the default
+# compress-or-pass decision (hvdcomp.decision) would pass every gradient after a few steps. The
+# demo shows compression itself; HVDCOMP_DECISION=measure shows the decision instead.
+export HVDCOMP_DECISION="${HVDCOMP_DECISION:-compress}"
 cd "$ROOT"
 exec timeout "${DEMO_TIMEOUT:-600}" "$ROOT/.venv/bin/horovodrun" -np "$NP" -H "localhost:$NP" --mpi \
   --mpi-args="--oversubscribe --bind-to none" \

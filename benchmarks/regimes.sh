@@ -1,0 +1,36 @@
+#!/bin/bash
+# Issue #31's benchmark, in one command (as root, from anywhere):
+#
+#   benchmarks/regimes.sh
+#
+# On the emulated cluster (benchmarks/cluster.sh: HOSTS (default 2) hosts x PER_HOST (default 2)
+# ranks), for every model in MODELS (default "resnet18 gpt") and link rate in its RATES_<model>
+# (chosen for r of about 0.1, 0.3, 1, 3 and 10 on a 2-core machine; each job measures and
+# reports its r), one job of benchmarks/regimes.py: the compute ceiling, Horovod fp32 and fp16 and
+# every hvdcomp method with its defaults through the stock hvd.DistributedOptimizer, ROUNDS
+# (default 3) rounds of STEPS (default 4) steps each, interleaved. Writes OUT (default
+# results/regimes-<time>/): regimes.jsonl, regimes.md (per model and link: the fraction of the
+# ceiling and the ratio to the faster of Horovod fp32 and fp16, and what the decision chose) and
+# regimes.png (benchmarks/report.py --regimes). The cluster is removed on exit.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
+MODELS=${MODELS:-"resnet18 gpt"}
+RATES_resnet18=${RATES_resnet18:-"10gbit 3gbit 1gbit 300mbit 100mbit"}
+RATES_gpt=${RATES_gpt:-"10gbit 3gbit 1gbit 300mbit 100mbit"}
+RATES_resnet50=${RATES_resnet50:-"3gbit 1gbit 300mbit"}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-4}
+OUT=${OUT:-$ROOT/results/regimes-$(date +%Y%m%d-%H%M%S)}
+cluster_session 1gbit
+for model in $MODELS; do
+    rates_var="RATES_$model"
+    for rate in ${!rates_var}; do
+        "$CLUSTER" rate "$rate"
+        "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
+            --model "$model" ${METHODS:+--methods "ceiling,$METHODS"} --rounds "$ROUNDS" \
+            --steps "$STEPS" --label "$rate" --out "$OUT/regimes.jsonl" \
+            || echo "regimes.py --model $model at $rate failed (see above)"
+    done
+done
+"$PY" "$HERE/report.py" --regimes "$OUT"
+echo "results in $OUT"
