@@ -37,7 +37,7 @@ OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 # The first value of the header ``agree`` gathers, where it is not a batch's tensor count:
 JOINED = -1.0  # the rank is in hvd.join() (``announce_join``)
 OP_REFUSED = -2.0  # the rank refuses the step's reduction op (``confirm_op_refusal``)
-HEADER = 10  # its length: count, 2 + 2 fingerprints, scale, zeros, their hash, not OK, period
+HEADER = 10  # its length: count, 2 + 2 fingerprints, scale, zeros, their hash, not OK, window
 
 
 def horovod_world():
@@ -80,24 +80,24 @@ class Agreement(NamedTuple):
     """What ``agree`` found out besides the ranks' agreement: ``flagged``, whether some rank
     has an entry whose status is not ``OK``; ``absent``, the indices of the entries that are
     all zeros on every rank (a gradient nobody computed: a frozen parameter, an unused branch,
-    Horovod's zero fill for a missing gradient); ``period``: the slowest rank's ``period``
+    Horovod's zero fill for a missing gradient); ``window``: the largest rank's ``window``
     (``hvdcomp.decision``)."""
     flagged: bool
     absent: frozenset
-    period: float = 0.0
+    window: float = 0.0
 
 
-def agree(ctx, entries, who, step, setup, loss_scale=1.0, period=0.0):
+def agree(ctx, entries, who, step, setup, loss_scale=1.0, window=0.0):
     """Raise on every rank unless every rank holds the same batch (names, shapes and dtypes, in
     the same order; ``RankMismatchError``) and reduces it with the same compressor ``setup``
     (class and settings; ``SetupMismatchError``) at the same ``loss_scale``. One small
     all-gather when the ranks agree (a second, of one flag per entry, only when the ranks'
-    all-zero entries (``entry.zero``) differ). ``period``: a number every rank contributes, of
+    all-zero entries (``entry.zero``) differ). ``window``: a number every rank contributes, of
     which the ``Agreement`` holds the largest. Returns an ``Agreement``."""
     zeros = [i for i, e in enumerate(entries) if e.zero]
     header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup)
                         + [loss_scale, len(zeros), _hash26(zeros)]
-                        + [sum(e.status != OK for e in entries), period], dtype=np.float64)
+                        + [sum(e.status != OK for e in entries), window], dtype=np.float64)
     rows = ctx.allgather_array(header)
     _refuse_join(rows, ctx, who, step)
     if (rows[:, :6] == rows[0, :6]).all():

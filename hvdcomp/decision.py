@@ -13,21 +13,24 @@ optimizers, one batch per step), else by hvdcomp's float ring in the step (``hvd
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
 tensors that hold half of the step's elements, and none (every gradient passed).
 
-What is measured: the iteration period, the time between the starts of two consecutive steps'
-reductions, taken on every rank and agreed as the slowest rank's (it rides the step's agreement
-all-gather, ``hvdcomp.checks.agree``). That is the user's throughput itself: the overlap of
-Horovod's allreduce with the backward pass, hvdcomp's encode / comm / decode and the rest of the
-step are all in it, with no cost model to be wrong.
+What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
+(in the backward pass; for a graph front end, the start of the step's reduction) to the end of
+its reduction, taken on every rank and agreed as the slowest rank's (it rides the next step's
+agreement all-gather, ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
+rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that
+allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
+the optimizer, the data loader, the user's evaluations and checkpoints between steps), so a pause
+of the training loop is not taken for a slow candidate. No cost model to be wrong.
 
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
 
-- *probe*: each candidate runs ``settle`` steps (not counted: their period still holds a step of
-  the previous candidate) and then ``samples`` steps; a candidate whose first sample is slower
+- *probe*: each candidate runs ``settle`` steps (not counted: the window observed at a step is
+  the previous step's, which ran the previous candidate) and then ``samples`` steps; a candidate whose first sample is slower
   than ``1 + abort`` times the best median so far is dropped after it (a hopeless probe costs two
   steps). The choice is the fastest median; a candidate that compresses more must beat one that
   compresses less by ``margin`` (a tie goes to the exact sum: equal time, better gradients).
-- *hold*: the chosen candidate's last ``2 samples`` periods are watched; their median leaving
+- *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median leaving
   ``[1 - band, 1 + band]`` times the median it was chosen at, where ``band`` is the larger of
   ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), or ``revisit``
   steps passing (doubled each time the choice stands, up to 16 times), starts a new probe, the
@@ -73,8 +76,9 @@ def candidates(numels, min_numel):
 
 class Decision:
     """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
-    step engine and ``compress()`` ask; ``tick()`` gives this rank's period since the last
-    step began; ``observe(period, numels)`` takes the agreed period (seconds; <= 0: none yet)."""
+    step engine and ``compress()`` ask; ``begin()``/``end(typical)`` time this rank's exchange
+    window of a step (``last_window``: the last one's seconds, 0.0 before the first, -1.0 where
+    it was not typical of its candidate); ``observe(window, numels)`` takes the agreed one."""
 
     def __init__(self, mode, min_numel, samples=3, settle=1, abort=0.5, margin=0.05,
                  drift=0.25, revisit=200):
@@ -85,7 +89,7 @@ class Decision:
         self.current = 0 if mode != "pass" else -1  # index into thresholds (-1: NEVER)
         self.phase = "probe" if mode == "measure" else "fixed"
         self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
-        self.periods = []  # periods counted for the candidate under way (probe) or watched (hold)
+        self.windows = []  # windows counted for the candidate under way (probe) or watched (hold)
         self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
         self.chosen = None  # the candidate the last probe chose
         self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
@@ -100,41 +104,47 @@ class Decision:
         """Whether a tensor of ``numel`` elements is compressed this step."""
         return numel >= self.threshold
 
-    def tick(self):
-        """Seconds since this rank's previous call (a step's start), or 0.0 on the first."""
-        now, last = time.perf_counter(), getattr(self, "_last", None)
-        self._last = now
-        return 0.0 if last is None else now - last
+    last_window, _start = 0.0, None
 
-    def observe(self, period, numels, typical=True, speak=False):
-        """Take the step's agreed ``period`` (the slowest rank's); ``numels``: the sizes of the
-        step's tensors (used once, to fix the candidates); ``typical``: False where the step did
-        not run as its candidate says (a preconditioner's dense warm-up): it is not counted, and
-        the next one settles again; ``speak``: log a new choice (rank 0). The new threshold
-        applies from the next step."""
+    def begin(self):
+        """A step's exchange starts now, unless it has started already."""
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def end(self, typical=True):
+        """The step's exchange ended; ``typical``: False where the step did not run as its
+        candidate says (a preconditioner's dense warm-up, an aborted step)."""
+        window = time.perf_counter() - self._start if self._start is not None else 0.0
+        self.last_window, self._start = (window if typical else -1.0), None
+
+    def observe(self, window, numels, speak=False):
+        """Take the previous step's agreed exchange ``window`` (the slowest rank's, in
+        seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
+        ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
+        ``speak``: log a new choice (rank 0). The new threshold applies from the next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel)
-        if self.phase == "fixed" or period <= 0:
+        if self.phase == "fixed" or window == 0:
             return
-        if not typical:
+        if window < 0:
             if self.phase == "probe":
-                self.periods, self.seen = [], 0
+                self.windows, self.seen = [], 0
             return
         self.seen += 1
         if self.phase == "hold":
-            self._hold(period, speak)
+            self._hold(window, speak)
         elif self.seen > self.settle:
-            self._probe(period, speak)
+            self._probe(window, speak)
 
-    def _probe(self, period, speak):
-        self.periods.append(period)
+    def _probe(self, window, speak):
+        self.windows.append(window)
         best = min(self.medians.values(), default=math.inf)
-        hopeless = len(self.periods) == 1 and period > (1 + self.abort) * best
-        if len(self.periods) < self.samples and not hopeless:
+        hopeless = len(self.windows) == 1 and window > (1 + self.abort) * best
+        if len(self.windows) < self.samples and not hopeless:
             return
-        median = self.medians[self.current] = float(np.median(self.periods))
-        self.spreads[self.current] = (max(self.periods) - min(self.periods)) / median
-        self.periods, self.seen = [], 0
+        median = self.medians[self.current] = float(np.median(self.windows))
+        self.spreads[self.current] = (max(self.windows) - min(self.windows)) / median
+        self.windows, self.seen = [], 0
         untried = [i for i in range(len(self.thresholds)) if i not in self.medians]
         if untried:
             self.current = untried[0]
@@ -153,17 +163,17 @@ class Decision:
                      ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
                                for i, m in sorted(self.medians.items())))
 
-    def _hold(self, period, speak):
-        self.periods = (self.periods + [period])[-2 * self.samples:]
+    def _hold(self, window, speak):
+        self.windows = (self.windows + [window])[-2 * self.samples:]
         band = max(self.drift, 2 * self.spreads[self.chosen])
-        drifted = len(self.periods) == 2 * self.samples and abs(
-            float(np.median(self.periods)) / self.medians[self.chosen] - 1) > band
+        drifted = len(self.windows) == 2 * self.samples and abs(
+            float(np.median(self.windows)) / self.medians[self.chosen] - 1) > band
         if drifted or self.seen >= self.interval:
             if speak:
                 log.info("compress-or-pass: probing again (%s)", "the step time drifted"
                          if drifted else f"{self.seen} steps since the choice")
             # The chosen candidate, in force, is probed first; it stays unless another wins.
-            self.medians, self.spreads, self.periods, self.seen = {}, {}, [], 0
+            self.medians, self.spreads, self.windows, self.seen = {}, {}, [], 0
             self.phase = "probe"
 
     def describe(self):
@@ -180,7 +190,7 @@ class Decision:
         return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
                 "candidates": self.thresholds, "switches": self.switches}
 
-    STATE = ("thresholds", "current", "phase", "medians", "spreads", "periods", "seen",
+    STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
              "chosen", "interval", "switches")
 
     def state(self):

@@ -10,11 +10,12 @@
    one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
    ``UNSUPPORTED``) and whether it is all zeros (``Entry.zero``);
 2. agree: the ranks hold the same (name, shape, dtype) list and compressor settings and reduce
-   at the same loss scale (``checks.agree``; its all-gather also carries each rank's step period
-   for the decision, which every rank then updates alike, and tells whether any rank has a
-   tensor that is not OK, and which tensors are all zeros on every rank: gradients nobody
-   computed, which are *absent* from the step: their result is zero, nothing of the method or
-   the preconditioner runs for them and their state waits for their next gradient);
+   at the same loss scale (``checks.agree``; its all-gather also carries each rank's exchange
+   window of the last step for the decision, which every rank then updates alike, and tells
+   whether any rank has a tensor that is not OK, and which tensors are all zeros on every rank:
+   gradients nobody computed, which are *absent* from the step: their result is zero, nothing of
+   the method or the preconditioner runs for them and their state waits for their next
+   gradient);
 3. prepare: the working arrays divided by the loss scale (``hvdcomp.loss_scale``: methods and
    state see unscaled gradients), the error-feedback memory of a tensor the decision now passes
    added to what it sends (``hvdcomp.feedback.carry``), the preconditioner's ``before`` and the
@@ -204,6 +205,7 @@ class StepEngine:
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
         self.scale = 1.0  # the loss scale of the step under way (hvdcomp.loss_scale)
+        self.warming = False  # some tensor of the step is dense for a preconditioner's warm-up
         self.results = {}  # ticket -> (flat result, entry)
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
@@ -239,7 +241,8 @@ class StepEngine:
         creates no object per tensor per step that would outlive the backward pass, so Python's
         full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
-        steps: ~4 ms per step)."""
+        steps: ~4 ms per step). The step's first call starts the decision's timing window."""
+        self.decision.begin()
         if by_horovod:
             kept = self.summed.get(key)
             if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
@@ -290,13 +293,12 @@ class StepEngine:
         first = self.batch == 0
         if first:
             self.scale = loss_scale.current()
-        period = self.decision.tick() if first else 0.0
-        warming = self._classify(entries)
+        self.decision.begin()  # where no compress() came first (graph front ends)
+        self.warming = self._classify(entries) or (self.warming and not first)
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
-                              period)
+                              self.decision.last_window if first else 0.0)
         if first:
-            self.decision.observe(agreed.period, [e.numel for e in entries],
-                                  typical=not warming, speak=ctx.rank == 0)
+            self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]
@@ -374,6 +376,7 @@ class StepEngine:
         set ``last_stats``."""
         self.store.commit()
         self.pre.land()
+        self.decision.end(typical=not self.warming)
         self.batch = 0
         self.step += 1
         step = StepStats(steps=1, step=self.step, ranks=self.context().size)
@@ -432,6 +435,7 @@ class StepEngine:
         """Forget a step that raised: the state is rolled back, no result is kept."""
         self._rollback()
         self.batch = 0
+        self.decision.end(typical=False)
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()

@@ -14,8 +14,8 @@ MEASURE = {"HVDCOMP_DECISION": "measure"}
 
 def feed(d, periods, numels=(16384, 2560, 10)):
     """Observe ``periods`` (``(steps, f(threshold in force, step))``, or a list), one step
-    each, the first of a fresh decision with no period (as the engine's ``tick()``); returns
-    the thresholds in force at each step."""
+    each, the first of a fresh decision with none (as the engine's first ``last_window``);
+    returns the thresholds in force at each step."""
     seen = []
     for i in range(len(periods) if isinstance(periods, list) else periods[0]):
         seen.append(d.threshold)
@@ -82,7 +82,7 @@ def test_revisits_back_off_while_the_choice_stands():
 def test_steps_of_a_preconditioner_warm_up_are_not_counted():
     d = Decision("measure", 1024)
     for _ in range(12):
-        d.observe(0.5, [16384], typical=False)  # dense warm-up: slow, and not what it probes
+        d.observe(-1.0, [16384])  # a dense warm-up (Decision.end(typical=False)): not counted
     assert d.threshold == 1024 and d.medians == {}
 
 
