@@ -14,8 +14,9 @@ Candidates: every tensor the method would compress (``min_compress_numel``), onl
 tensors that hold half of the step's elements, and none (every gradient passed).
 
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
-(in the backward pass; for a graph front end, the start of the step's reduction) to the end of
-its reduction, taken on every rank and agreed as the slowest rank's (it rides the next step's
+(in the backward pass; for a graph front end, the start of the step's reduction) to its last
+result handed back by ``decompress()`` (after Horovod's wait for its own allreduces), taken on
+every rank and agreed as the slowest rank's (it rides the next step's
 agreement all-gather, ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that
 allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
@@ -76,9 +77,10 @@ def candidates(numels, min_numel):
 
 class Decision:
     """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
-    step engine and ``compress()`` ask; ``begin()``/``end(typical)`` time this rank's exchange
-    window of a step (``last_window``: the last one's seconds, 0.0 before the first, -1.0 where
-    it was not typical of its candidate); ``observe(window, numels)`` takes the agreed one."""
+    step engine and ``compress()`` ask; ``begin()``, ``mark()``, ``step_done(typical)`` time this
+    rank's exchange window of a step (``last_window``: the last one's seconds, 0.0 before the
+    first, -1.0 where it was not typical of its candidate); ``observe(window, numels)`` takes the
+    agreed one."""
 
     def __init__(self, mode, min_numel, samples=3, settle=1, abort=0.5, margin=0.05,
                  drift=0.25, revisit=200):
@@ -104,18 +106,29 @@ class Decision:
         """Whether a tensor of ``numel`` elements is compressed this step."""
         return numel >= self.threshold
 
-    last_window, _start = 0.0, None
+    last_window = 0.0
+    _start = _done = _end = None  # this step's start; the last step's (start, typical); its end
 
     def begin(self):
-        """A step's exchange starts now, unless it has started already."""
-        if self._start is None:
-            self._start = time.perf_counter()
+        """A step's exchange starts now, unless it has started already; the last step's window
+        is then complete (``last_window``)."""
+        if self._start is not None:
+            return
+        self._start = time.perf_counter()
+        if self._done is not None and self._end is not None:
+            start, typical = self._done
+            self.last_window = self._end - start if typical else -1.0
 
-    def end(self, typical=True):
-        """The step's exchange ended; ``typical``: False where the step did not run as its
-        candidate says (a preconditioner's dense warm-up, an aborted step)."""
-        window = time.perf_counter() - self._start if self._start is not None else 0.0
-        self.last_window, self._start = (window if typical else -1.0), None
+    def mark(self):
+        """A result of the step was handed over: its window ends here unless another follows."""
+        self._end = time.perf_counter()
+
+    def step_done(self, typical=True):
+        """The step's reduction ended (results may still be handed over: ``mark``); ``typical``:
+        False where it did not run as its candidate says (a preconditioner's dense warm-up, an
+        aborted step)."""
+        self._done, self._start = (self._start, typical), None
+        self.mark()
 
     def observe(self, window, numels, speak=False):
         """Take the previous step's agreed exchange ``window`` (the slowest rank's, in

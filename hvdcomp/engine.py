@@ -252,6 +252,12 @@ class StepEngine:
             self.summed[key] = made
         return made
 
+    def take(self, ticket):
+        """``(flat result, entry)`` of ``ticket``, removed from ``results``: handed to the caller,
+        which ends the step's exchange for that tensor (the decision's window ends at the last)."""
+        self.decision.mark()
+        return self.results.pop(ticket)
+
     def forget(self, key):
         """Drop ``key``'s state and kept entry (its parameter is gone)."""
         self.store.forget(key)
@@ -293,7 +299,7 @@ class StepEngine:
         first = self.batch == 0
         if first:
             self.scale = loss_scale.current()
-        self.decision.begin()  # where no compress() came first (graph front ends)
+            self.decision.begin()  # where no compress() came first (graph front ends)
         self.warming = self._classify(entries) or (self.warming and not first)
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
                               self.decision.last_window if first else 0.0)
@@ -319,7 +325,8 @@ class StepEngine:
             statuses = gathered[:, :len(entries)].astype(np.int64)
             bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite, ctx.rank)
         if bad:
-            self._report_nonfinite(ctx, [(r, entries[i].key) for r, i in bad])
+            if ctx.rank == 0:
+                report_nonfinite(self, [(r, entries[i].key) for r, i in bad])
             nonfinite = {entries[i].key for _, i in bad}
             if not end_step:
                 raise SkipStep(nonfinite)
@@ -376,7 +383,7 @@ class StepEngine:
         set ``last_stats``."""
         self.store.commit()
         self.pre.land()
-        self.decision.end(typical=not self.warming)
+        self.decision.step_done(typical=not self.warming)
         self.batch = 0
         self.step += 1
         step = StepStats(steps=1, step=self.step, ranks=self.context().size)
@@ -418,27 +425,29 @@ class StepEngine:
             out[...] = fill
         return out
 
-    def _report_nonfinite(self, ctx, where):
-        """Rank 0 logs the skipped step's non-finite tensors and ranks ((rank, key) pairs) on
-        the 1st, 2nd, 4th, 8th, ... such step (overflows are routine under AMP)."""
-        count = self.skipped + 1
-        if ctx.rank != 0 or count & (count - 1):
-            return
-        shown = ", ".join(f"{k!r} on rank {r}" for r, k in where[:8])
-        more = f" and {len(where) - 8} more" if len(where) > 8 else ""
-        log.warning("%s: step %d skipped (non-finite step number %d): NaN/Inf in %s%s; the "
-                    "compressor state is unchanged, the step returns %s",
-                    self.method.method, self.step, count, shown, more,
-                    "NaN for those tensors" if self.on_nonfinite == "propagate" else "zeros")
-
     def abort_step(self, entries):
         """Forget a step that raised: the state is rolled back, no result is kept."""
         self._rollback()
         self.batch = 0
-        self.decision.end(typical=False)
+        self.decision.step_done(typical=False)
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def report_nonfinite(engine, where):
+    """Log (rank 0) the skipped step's non-finite tensors and ranks (``where``: (rank, key)
+    pairs) on the 1st, 2nd, 4th, 8th, ... such step of ``engine`` (overflows are routine under
+    AMP)."""
+    count = engine.skipped + 1
+    if count & (count - 1):
+        return
+    shown = ", ".join(f"{k!r} on rank {r}" for r, k in where[:8])
+    more = f" and {len(where) - 8} more" if len(where) > 8 else ""
+    log.warning("%s: step %d skipped (non-finite step number %d): NaN/Inf in %s%s; the "
+                "compressor state is unchanged, the step returns %s",
+                engine.method.method, engine.step, count, shown, more,
+                "NaN for those tensors" if engine.on_nonfinite == "propagate" else "zeros")
 
 
 def _set_name(ranks):

@@ -212,7 +212,7 @@ class BatchedCompressor:
                 raise
             if pending:
                 self._flush()
-            flat, entry = self.engine.results.pop(ctx)
+            flat, entry = self.engine.take(ctx)
         if entry.by_horovod:  # Horovod's result; a skipped step fills it
             return output if flat.fill is None else output.fill_(flat.fill)
         return entry.restore(flat, factor)
@@ -255,7 +255,7 @@ class BatchedCompressor:
             entries = [Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
                        for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
             self.engine.process(sorted(entries, key=lambda e: e.key))
-            return [self.engine.results.pop(e.ticket)[0] for e in entries]
+            return [self.engine.take(e.ticket)[0] for e in entries]
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance
