@@ -23,11 +23,13 @@ All are built at once (same seed) and warmed up: hvdcomp's until its decision ho
 (at most ``--max-warmup`` steps; the steps and seconds it took are reported), the others
 ``--warmup`` steps. Then ``--rounds`` rounds, each timing ``--steps`` steps of every
 configuration in turn (so slow drifts of a shared machine hit all alike); a step is the slowest
-rank's seconds after a barrier. Also measured: Horovod's fp32 allreduce of a tensor of the
+rank's seconds after a barrier. ``--sequential``: one configuration at a time (built, warmed up,
+timed, freed), for models whose configurations do not fit in memory together (gpt with AdamW). Also measured: Horovod's fp32 allreduce of a tensor of the
 model's size (median of 3), so ``r = allreduce / ceiling step``. Rank 0 prints and appends one
 JSON object per configuration to ``--out``.
 """
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -199,6 +201,7 @@ def main():
     ap.add_argument("--max-warmup", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--sequential", action="store_true")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -207,10 +210,23 @@ def main():
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD.Dup()
     batch = make_batch(args, torch.Generator().manual_seed(hvd.rank()))
-    configs = [Config(args, m) for m in args.methods.split(",")]
-    params = sum(p.numel() for p in configs[0].model.parameters())
-    tensors = sum(1 for _ in configs[0].model.parameters())
+    model = build(args)
+    params = sum(p.numel() for p in model.parameters())
+    tensors = sum(1 for _ in model.parameters())
     wire = allreduce_seconds(params, comm)
+    del model
+    methods = args.methods.split(",")
+    groups = [[m] for m in methods] if args.sequential else [methods]
+    done = []
+    for group in groups:
+        done += measure(args, comm, batch, [Config(args, m) for m in group])
+    if hvd.rank() == 0:
+        write(args, done, params, tensors, wire)
+
+
+def measure(args, comm, batch, configs):
+    """Warm ``configs`` up and time their rounds (see the module docstring); returns them with
+    their figures, their models and optimizers dropped."""
     for c in configs:
         t0, n = time.perf_counter(), 0
         try:
@@ -226,8 +242,18 @@ def main():
         for c in configs:
             c.rounds.append(statistics.median(c.timed_step(comm, batch)
                                               for _ in range(args.steps)))
-    if hvd.rank() != 0:
-        return
+    for c in configs + failed:
+        d = getattr(c.comp, "decision", None)
+        c.decided = None if d is None else {**d.as_dict(), "describe": d.describe()}
+        c.model = c.opt = c.comp = None
+    gc.collect()
+    return failed + configs
+
+
+def write(args, configs, params, tensors, wire):
+    """Rank 0: print and append (``--out``) one record per configuration."""
+    failed = [c for c in configs if c.status != "ok"]
+    configs = [c for c in configs if c.status == "ok"]
     ceiling = next((statistics.median(c.rounds) for c in configs if c.method == "ceiling"),
                    math.nan)
     for c in failed:
@@ -237,17 +263,17 @@ def main():
                 fh.write(json.dumps({"model": args.model, "label": args.label,
                                      "method": c.method, "status": c.status}) + "\n")
     for c in configs:
-        d = getattr(c.comp, "decision", None)
+        d = c.decided
         rec = {"model": args.model, "label": args.label, "status": "ok", "ranks": hvd.size(),
                "hosts": hvd.cross_size(), "params": params, "tensors": tensors,
                "batch": args.batch, "method": c.method, "seconds": statistics.median(c.rounds),
                "rounds": c.rounds, "allreduce_seconds": wire, "ceiling_seconds": ceiling,
                "r": wire / ceiling, "warmup_steps": c.warmup[0], "warmup_seconds": c.warmup[1],
-               "decision": None if d is None else {**d.as_dict(), "describe": d.describe()}}
+               "decision": d}
         print(f"{args.label:>8} {args.model} {c.method:<13} {1e3 * rec['seconds']:8.1f} ms/step "
               f"(rounds {', '.join(f'{1e3 * s:.0f}' for s in c.rounds)}; "
               f"{ceiling / rec['seconds']:.2f} of the ceiling; r {rec['r']:.2f})"
-              + (f" [{d.describe()}; warm-up {c.warmup[0]} steps]" if d else ""), flush=True)
+              + (f" [{d['describe']}; warm-up {c.warmup[0]} steps]" if d else ""), flush=True)
         if args.out:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")

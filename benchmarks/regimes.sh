@@ -15,22 +15,37 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
 MODELS=${MODELS:-"resnet18 gpt"}
-RATES_resnet18=${RATES_resnet18:-"10gbit 3gbit 1gbit 300mbit 100mbit"}
-RATES_gpt=${RATES_gpt:-"10gbit 3gbit 1gbit 300mbit 100mbit"}
+RATES_resnet18=${RATES_resnet18:-"10gbit 3gbit 1gbit 300mbit"}
+RATES_gpt=${RATES_gpt:-"10gbit 3gbit 1gbit 300mbit"}
 RATES_resnet50=${RATES_resnet50:-"3gbit 1gbit 300mbit"}
+# The lowest r: the fastest link with 2.5x (resnet18: 160-pixel images) or 4x (gpt: batch 32)
+# the computation; labelled "<rate>-big".
+BIG_resnet18=${BIG_resnet18:-"--image 160"}
+BIG_gpt=${BIG_gpt:-"--batch 32"}
+BIG_RATE=${BIG_RATE:-10gbit}
+# gpt's configurations (30M parameters under AdamW) do not fit in memory together: one at a time.
+EXTRA_gpt=${EXTRA_gpt:---sequential}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-4}
 OUT=${OUT:-$ROOT/results/regimes-$(date +%Y%m%d-%H%M%S)}
 cluster_session 1gbit
 for model in $MODELS; do
-    rates_var="RATES_$model"
+    rates_var="RATES_$model" extra_var="EXTRA_$model"
     for rate in ${!rates_var}; do
         "$CLUSTER" rate "$rate"
         "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
-            --model "$model" ${METHODS:+--methods "ceiling,$METHODS"} --rounds "$ROUNDS" \
+            --model "$model" ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} --rounds "$ROUNDS" \
             --steps "$STEPS" --label "$rate" --out "$OUT/regimes.jsonl" \
             || echo "regimes.py --model $model at $rate failed (see above)"
     done
+    big_var="BIG_$model"
+    if [ -n "${!big_var:-}" ] && [ -n "$BIG_RATE" ]; then
+        "$CLUSTER" rate "$BIG_RATE"
+        "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
+            --model "$model" ${!extra_var:-} ${!big_var} ${METHODS:+--methods "ceiling,$METHODS"} \
+            --rounds "$ROUNDS" --steps "$STEPS" --label "$BIG_RATE-big" --out "$OUT/regimes.jsonl" \
+            || echo "regimes.py --model $model ${!big_var} at $BIG_RATE failed (see above)"
+    fi
 done
 "$PY" "$HERE/report.py" --regimes "$OUT"
 echo "results in $OUT"

@@ -14,6 +14,7 @@ divided by the method's time.
 """
 import csv
 import json
+import math
 import os
 import sys
 
@@ -219,11 +220,12 @@ def train_plot(records, path):
 
 
 def _regime_jobs(records):
-    """{(model, link label): {method: record}}, the jobs of regimes.py, by r."""
+    """{(model, link label): {method: record}}, the jobs of regimes.py, by model and r."""
     jobs = {}
     for r in records:
         jobs.setdefault((r["model"], r["label"]), {})[r["method"]] = r
-    return dict(sorted(jobs.items(), key=lambda kv: (kv[0][0], -rate_key(kv[0][1]))))
+    return dict(sorted(jobs.items(), key=lambda kv: (
+        kv[0][0], kv[1].get("ceiling", {}).get("r", math.inf))))
 
 
 def _decided(rec):

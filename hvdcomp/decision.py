@@ -16,8 +16,8 @@ tensors that hold half of the step's elements, and none (every gradient passed).
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
 (in the backward pass; for a graph front end, the start of the step's reduction) to its last
 result handed back by ``decompress()`` (after Horovod's wait for its own allreduces), taken on
-every rank and agreed as the slowest rank's (it rides the next step's
-agreement all-gather, ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
+every rank and agreed as the slowest rank's (it rides the next step's agreement all-gather,
+``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that
 allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
 the optimizer, the data loader, the user's evaluations and checkpoints between steps), so a pause
@@ -27,9 +27,9 @@ How (``Decision.observe``, once per step, the same numbers on every rank, so eve
 same threshold, applied from the next step on):
 
 - *probe*: each candidate runs ``settle`` steps (not counted: the window observed at a step is
-  the previous step's, which ran the previous candidate) and then ``samples`` steps; a candidate whose first sample is slower
-  than ``1 + abort`` times the best median so far is dropped after it (a hopeless probe costs two
-  steps). The choice is the fastest median; a candidate that compresses more must beat one that
+  the previous step's, which ran the previous candidate) and then ``samples`` steps; a
+  candidate whose first sample is slower than ``1 + abort`` times the best median so far is
+  dropped after it (a hopeless probe costs two steps). The choice is the fastest median; a candidate that compresses more must beat one that
   compresses less by ``margin`` (a tie goes to the exact sum: equal time, better gradients).
 - *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median leaving
   ``[1 - band, 1 + band]`` times the median it was chosen at, where ``band`` is the larger of

@@ -127,3 +127,20 @@ def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
     assert ours["second"]["thresholds"][0] == ours["first"]["thresholds"][0]  # restored
     assert ours["second"] == ours["first"]
     assert all(r["second"] == ours["first"] for r in res.values())
+
+
+@pytest.mark.timeout(400)
+def test_tensorflow_tape_and_keras_decide_alike_on_every_rank():
+    """The same decision through TensorFlow (DistributedGradientTape in a tf.function, Keras
+    model.fit): the ranks stay bit-identical while it probes and holds, both candidates run (its two large kernels hold equal halves:
+    no threshold between)."""
+    res = results(run(2, "tf_train.py", "marsit", 6, env=MEASURE, timeout=360))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        assert r["tape_identical"] == r["tape_steps"] > 0
+        assert r["keras_identical"] == r["keras_steps"] > 0
+        for d in (r["tape_decision"], r["keras_decision"]):
+            assert d["mode"] == "measure" and d["phase"] == "hold", d
+            assert d["threshold"] in d["candidates"] and len(d["candidates"]) == 2, d  # no middle
+    assert res[0]["tape_decision"] == res[1]["tape_decision"]
+    assert res[0]["keras_decision"] == res[1]["keras_decision"]

@@ -120,6 +120,7 @@ traced = op_types(train_step.get_concrete_function(*specs).graph, {})
 out["tape_ops"] = {k: traced.get(k, 0)
                    for k in ("PyFunc", "PyFuncStateless", "hvd:If", "hvd:StatelessIf")}
 out["tape_flushes"], out["tape_elements"] = comp.total_stats.steps, comp.last_stats.elements
+out["tape_decision"] = comp.last_stats.decision
 out["variable_elements"] = sum(int(np.prod(v.shape)) for v in variables)
 
 # 3. Keras model.fit with hvd.keras DistributedOptimizer.
@@ -146,5 +147,6 @@ out["keras_steps"], out["keras_identical"] = Identical.n, Identical.ok
 out["keras_acc"] = float(kmodel.evaluate(xte, yte, verbose=0)[1])
 out["keras_flushes"] = comp.total_stats.steps
 out["keras_elements"] = comp.last_stats.elements
+out["keras_decision"] = comp.last_stats.decision
 out["keras_variable_elements"] = sum(int(np.prod(v.shape)) for v in kmodel.trainable_variables)
 report(rank=rank, **out)
