@@ -19,7 +19,8 @@
 3. prepare: the working arrays divided by the loss scale (``hvdcomp.loss_scale``: methods and
    state see unscaled gradients), the error-feedback memory of a tensor the decision now passes
    added to what it sends (``hvdcomp.feedback.carry``), the preconditioner's ``before`` and the
-   method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state committed);
+   method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state
+   committed);
 4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
    nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
