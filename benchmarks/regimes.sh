@@ -34,7 +34,8 @@ for model in $MODELS; do
     for rate in ${!rates_var}; do
         "$CLUSTER" rate "$rate"
         "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
-            --model "$model" ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} --rounds "$ROUNDS" \
+            --model "$model" ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} \
+            --rounds "$ROUNDS" \
             --steps "$STEPS" --label "$rate" --out "$OUT/regimes.jsonl" \
             || echo "regimes.py --model $model at $rate failed (see above)"
     done

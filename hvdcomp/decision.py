@@ -27,10 +27,11 @@ How (``Decision.observe``, once per step, the same numbers on every rank, so eve
 same threshold, applied from the next step on):
 
 - *probe*: each candidate runs ``settle`` steps (not counted: the window observed at a step is
-  the previous step's, which ran the previous candidate) and then ``samples`` steps; a
-  candidate whose first sample is slower than ``1 + abort`` times the best median so far is
-  dropped after it (a hopeless probe costs two steps). The choice is the fastest median; a candidate that compresses more must beat one that
-  compresses less by ``margin`` (a tie goes to the exact sum: equal time, better gradients).
+  the previous step's, which ran the previous candidate) and then ``samples`` steps; a candidate
+  whose first sample is slower than ``1 + abort`` times the best median so far is dropped after
+  it (a hopeless probe costs two steps). The choice is the fastest median; a candidate that
+  compresses more must beat one that compresses less by ``margin`` (a tie goes to the exact sum:
+  equal time, better gradients).
 - *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median leaving
   ``[1 - band, 1 + band]`` times the median it was chosen at, where ``band`` is the larger of
   ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), or ``revisit``

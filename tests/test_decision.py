@@ -132,8 +132,8 @@ def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
 @pytest.mark.timeout(400)
 def test_tensorflow_tape_and_keras_decide_alike_on_every_rank():
     """The same decision through TensorFlow (DistributedGradientTape in a tf.function, Keras
-    model.fit): the ranks stay bit-identical while it probes and holds, both candidates run (its two large kernels hold equal halves:
-    no threshold between)."""
+    model.fit): the ranks stay bit-identical while it probes and holds, both candidates run
+    (its two large kernels hold equal halves: no threshold between)."""
     res = results(run(2, "tf_train.py", "marsit", 6, env=MEASURE, timeout=360))
     assert sorted(res) == [0, 1]
     for r in res.values():

@@ -91,7 +91,8 @@ def carry():
                     j += 1
                 sent = sum(applied[t][n] for t in range(i, j))
                 owed = sum(grads[t][n] for t in range(i, j)) + memories[i][n]
-                runs.append({"tensor": n, "steps": [i, j], "memory": float(abs(memories[i][n]).max()),
+                runs.append({"tensor": n, "steps": [i, j],
+                             "memory": float(abs(memories[i][n]).max()),
                              "error": float(abs(sent - owed).max()),
                              "scale": float(abs(owed).max())})
                 i = j
