@@ -193,15 +193,26 @@ def train_summary(records):
     return "\n".join(out)
 
 
-def train_plot(records, path):
-    """Speedup over Horovod fp32 against the link rate, one panel per model, a line per method."""
+def _panels(models, width=5.0):
+    """A figure of one panel per model: ``(figure, [(axes, model), ...])``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), 4.2), squeeze=False)
+    return fig, list(zip(axes[0], models))
+
+
+def _save(fig, title, path):
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def train_plot(records, path):
+    """Speedup over Horovod fp32 against the link rate, one panel per model, a line per method."""
     base = _train_base(records)
-    models = sorted({k[1] for k in base})
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, panels = _panels(sorted({k[1] for k in base}))
+    for ax, model in panels:
         for m in ORDER[1:]:
             pts = sorted((rate_key(k[0]), _train_x(base, r, "fp32")) for k, r in base.items()
                          if k[1] == model and k[2] == m)
@@ -214,9 +225,7 @@ def train_plot(records, path):
         ax.set_title(f"{MODEL_TITLES.get(model, model)}: training step")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("2 hosts x 2 ranks, emulated links: stock hvd.DistributedOptimizer step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, "2 hosts x 2 ranks, emulated links: stock hvd.DistributedOptimizer step", path)
 
 
 def _regime_jobs(records):
@@ -272,13 +281,9 @@ def regimes_markdown(records):
 
 def regimes_plot(records, path):
     """Fraction of the compute ceiling against r, one panel per model, a line per method."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     jobs = _regime_jobs(records)
-    models = sorted({k[0] for k in jobs})
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, panels = _panels(sorted({k[0] for k in jobs}), 5.5)
+    for ax, model in panels:
         for m in ORDER:
             pts = sorted((job["ceiling"]["r"], job["ceiling"]["seconds"] / job[m]["seconds"])
                          for (mo, _), job in jobs.items() if mo == model and "ceiling" in job
@@ -286,14 +291,12 @@ def regimes_plot(records, path):
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=m, ls="--" if m.startswith("hvd") else "-")
         ax.set_xscale("log"), ax.set_ylim(0, 1.1)
-        ax.set_xlabel("r = Horovod fp32 allreduce / compute step"),
+        ax.set_xlabel("r = Horovod fp32 allreduce / compute step")
         ax.set_ylabel("throughput / compute ceiling")
         ax.set_title(f"{model}: stock hvd.DistributedOptimizer")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("2 hosts x 2 ranks, emulated links (compress-or-pass decision on)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, "2 hosts x 2 ranks, emulated links (compress-or-pass decision on)", path)
 
 
 def plot(rows, path):
@@ -418,32 +421,24 @@ def tf_vs_torch_plot(records, path):
     fig.savefig(path, dpi=100)
 
 
+# mode -> (records file, output name (.md and .png), markdown of the records, plot)
+REPORTS = {
+    "--train": ("train.jsonl", "train_matrix",
+                lambda r: train_summary(r) + "\n\n" + train_markdown(r), train_plot),
+    "--tf-vs-torch": ("train.jsonl", "tf_vs_torch", tf_vs_torch_markdown, tf_vs_torch_plot),
+    "--regimes": ("regimes.jsonl", "regimes", regimes_markdown, regimes_plot),
+}
+
+
 def main():
-    if sys.argv[1] == "--train":
+    if sys.argv[1] in REPORTS:
+        source, name, markdown_of, plot_of = REPORTS[sys.argv[1]]
         folder = sys.argv[2]
-        records = load(os.path.join(folder, "train.jsonl"))
-        md = train_summary(records) + "\n\n" + train_markdown(records)
-        with open(os.path.join(folder, "train_matrix.md"), "w") as fh:
+        records = load(os.path.join(folder, source))
+        md = markdown_of(records)
+        with open(os.path.join(folder, name + ".md"), "w") as fh:
             fh.write(md + "\n")
-        train_plot(records, os.path.join(folder, "train_matrix.png"))
-        print(md)
-        return
-    if sys.argv[1] == "--tf-vs-torch":
-        folder = sys.argv[2]
-        records = load(os.path.join(folder, "train.jsonl"))
-        md = tf_vs_torch_markdown(records)
-        with open(os.path.join(folder, "tf_vs_torch.md"), "w") as fh:
-            fh.write(md + "\n")
-        tf_vs_torch_plot(records, os.path.join(folder, "tf_vs_torch.png"))
-        print(md)
-        return
-    if sys.argv[1] == "--regimes":
-        folder = sys.argv[2]
-        records = load(os.path.join(folder, "regimes.jsonl"))
-        md = regimes_markdown(records)
-        with open(os.path.join(folder, "regimes.md"), "w") as fh:
-            fh.write(md + "\n")
-        regimes_plot(records, os.path.join(folder, "regimes.png"))
+        plot_of(records, os.path.join(folder, name + ".png"))
         print(md)
         return
     folder = sys.argv[1]
