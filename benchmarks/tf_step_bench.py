@@ -25,10 +25,14 @@ one JSON object per method to ``--out`` (``kind: "train"``, ``framework: "tensor
 ``train_step_bench.py`` does.
 """
 import argparse
+import os
 import time
 
 import numpy as np
-import tensorflow as tf
+# Horovod's Keras front end needs Keras 2: with TensorFlow >= 2.16 that is tf-keras, which tf.keras
+# becomes where this is set before TensorFlow is imported (scripts/setup.sh installs it).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

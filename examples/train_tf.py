@@ -9,12 +9,16 @@ The only hvdcomp-specific part is the ``compression=`` argument. Checkpointing: 
 """
 import argparse
 import hashlib
+import os
 import pickle
 import sys
 import time
 
 import numpy as np
-import tensorflow as tf
+# Horovod's Keras front end needs Keras 2: with TensorFlow >= 2.16 that is tf-keras, which tf.keras
+# becomes where this is set before TensorFlow is imported (scripts/setup.sh installs it).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 

@@ -1,44 +1,66 @@
 #!/usr/bin/env bash
-# Set up everything hvdcomp needs on a Debian machine with Python 3.11, idempotently:
+# Set up everything hvdcomp needs on a Debian machine, idempotently:
 #   - Open MPI from Debian (openmpi-bin, libopenmpi-dev)
-#   - a virtual environment at .venv/ with torch 2.13.0 (CPU), tensorflow-cpu 2.15.x, numpy<2,
-#     mpi4py, the test tools, and hvdcomp itself (editable)
-#   - Horovod 0.28.1 built from its source release with PyTorch, TensorFlow and MPI, patched to
-#     C++17 (see shared/DESIGN.md). The built wheel is cached outside the checkout in
-#     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the versions, so the second run is quick.
+#   - a virtual environment at .venv/ with the stack below, the test tools, and hvdcomp itself
+#     (editable)
+#   - Horovod 0.28.1 built from its source release with PyTorch, TensorFlow and MPI, with the
+#     patches in scripts/horovod-patches/ (each file says what it fixes and which upstream issue it
+#     addresses). The built wheel is cached outside the checkout in
+#     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the exact versions and the patches, so the
+#     second run is quick.
 # A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
 #
+# Stacks (HVDCOMP_STACK):
+#   current (default)  numpy 2.x, tensorflow-cpu 2.21.0 with tf-keras 2.21.0 (tf.keras is Keras 2
+#                      where TF_USE_LEGACY_KERAS=1 is set: Horovod's Keras front end needs it),
+#                      torch 2.14.1 (PyPI's Linux build, CUDA 13.0 inside; runs on the CPU),
+#                      mpi4py 4, numba; Python 3.11, 3.12 or 3.13
+#   2023               the earlier stack: numpy<2, tensorflow-cpu 2.15.1, torch 2.13.0 (CPU),
+#                      mpi4py, numba; Python 3.11 only (TensorFlow 2.15 has no later wheels)
+#
 # Environment (all optional; the defaults give the set-up described above):
-#   PYTHON            interpreter for the venv (default python3; must be 3.11 for tensorflow-cpu 2.15)
-#   TORCH_SPEC        the torch requirement to install (default torch==2.13.0, which resolves to the
-#                     2.13.0+cpu wheel where the package sources offer it, as on this project's
-#                     machines and with the PyTorch CPU index below)
+#   PYTHON            interpreter for the venv (default python3; 3.11-3.13, or 3.11 for the 2023 stack)
+#   HVDCOMP_STACK     current (default) or 2023, see above
+#   TORCH_SPEC        the torch requirement to install (default torch==<the stack's version>; the
+#                     2023 stack's 2.13.0 resolves to the 2.13.0+cpu wheel where the package
+#                     sources offer it, as on this project's machines and with the PyTorch CPU
+#                     index below)
 #   TORCH_INDEX_URL   an extra package index for that install, e.g. https://download.pytorch.org/whl/cpu
 #                     or .../whl/cu126 (default: none, only pip's own configured sources)
 #   HOROVOD_GPU_OPERATIONS, HOROVOD_NCCL_*, HOROVOD_CUDA_HOME ...  reach Horovod's build unchanged.
 #                     With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_NCCL_*, Horovod is built
 #                     against the NCCL of torch's own nvidia-nccl wheel (one NCCL in the process).
+#                     Without HOROVOD_GPU_OPERATIONS the build has no GPU operations, also where
+#                     torch was built with CUDA (HOROVOD_WITHOUT_GPU=1, a patch of ours).
 # A non-default TORCH_SPEC, TORCH_INDEX_URL or HOROVOD_GPU_OPERATIONS gives the Horovod wheel its own
-# cache key (the default key is unchanged), so a CPU-only wheel is never reused for a GPU build.
+# cache key, so a CPU-only wheel is never reused for a GPU build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
-TORCH_VERSION=2.13.0
-TF_VERSION=2.15.1
+HVDCOMP_STACK="${HVDCOMP_STACK:-current}"
+case "$HVDCOMP_STACK" in
+  current) TORCH_VERSION=2.14.1; TF_VERSION=2.21.0
+           STACK_PINS=("numpy>=2,<3" "tf-keras==${TF_VERSION}" "mpi4py>=4") ;;
+  2023)    TORCH_VERSION=2.13.0; TF_VERSION=2.15.1
+           STACK_PINS=("numpy<2" "mpi4py") ;;
+  *) echo "[setup] HVDCOMP_STACK=$HVDCOMP_STACK: expected current or 2023" >&2; exit 2 ;;
+esac
 HOROVOD_VERSION=0.28.1
+PATCHES=("$ROOT"/scripts/horovod-patches/*.patch)
+PATCH_HASH="$(cat "${PATCHES[@]}" | sha1sum | cut -c1-8)"
 CACHE="${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}"
 PYTAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 TORCH_SPEC="${TORCH_SPEC:-torch==${TORCH_VERSION}}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
-HVD_KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYTAG}"
+HVD_KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYTAG}-p${PATCH_HASH}"
 if [ "$TORCH_SPEC" != "torch==${TORCH_VERSION}" ] || [ -n "$TORCH_INDEX_URL" ] || [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
   # Readable part (the torch pin, the GPU operations) plus a hash of the exact inputs.
   VARIANT="$(printf '%s' "${TORCH_SPEC#torch==}" | tr -c 'A-Za-z0-9.+_-' '_')${HOROVOD_GPU_OPERATIONS:+-gpu${HOROVOD_GPU_OPERATIONS}}"
   VARIANT_HASH="$(printf '%s\n' "$TORCH_SPEC" "$TORCH_INDEX_URL" "${HOROVOD_GPU_OPERATIONS:-}" | sha1sum | cut -c1-8)"
-  HVD_KEY="horovod-${HOROVOD_VERSION}-torch${VARIANT}-tf${TF_VERSION}-${PYTAG}-${VARIANT_HASH}"
+  HVD_KEY="horovod-${HOROVOD_VERSION}-torch${VARIANT}-tf${TF_VERSION}-${PYTAG}-p${PATCH_HASH}-${VARIANT_HASH}"
 fi
 HVD_CACHE="$CACHE/$HVD_KEY"
 STAMP="$VENV/.hvdcomp-setup-stamp"
@@ -76,9 +98,9 @@ PIP=(pip_quiet install -q)
 pip_quiet() { { "$VENV/bin/python" -m pip "$@" 2>&1 1>&3 3>&- | { grep -v "is ignored: it is neither" || true; } >&2; } 3>&1; }
 TORCH_PIP_ARGS=()
 [ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
-log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, mpi4py, test tools"
-"${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "numpy<2" \
-  mpi4py numba cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
+log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, ${STACK_PINS[*]}, test tools"
+"${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "${STACK_PINS[@]}" \
+  numba cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
 
 # 3. Horovod, from its source release, through the wheel cache.
 WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl 2>/dev/null | head -n1 || true)"
@@ -89,16 +111,15 @@ if [ -z "$WHEEL" ]; then
   pip_quiet download -q --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$BUILD"
   tar -xzf "$BUILD"/horovod-"${HOROVOD_VERSION}".tar.gz -C "$BUILD"
   SRC="$BUILD/horovod-${HOROVOD_VERSION}"
-  # torch 2.x headers need C++17; Horovod 0.28.1 asks for C++14 in two places.
-  sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
-  grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/horovod/torch/CMakeLists.txt"
-  # GPU builds only: the CUDA kernels ask for C++11; CUDA 13's headers (CCCL 3) need C++17.
-  sed -i 's/CMAKE_CUDA_STANDARD 11/CMAKE_CUDA_STANDARD 17/' "$SRC/horovod/common/ops/cuda/CMakeLists.txt"
+  for p in "${PATCHES[@]}"; do  # each fails the set-up if it does not apply cleanly
+    (cd "$SRC" && git apply -p1 "$p") || { log "patch $(basename "$p") does not apply"; exit 1; }
+  done
   (
     cd "$SRC"
     export HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
            HOROVOD_WITHOUT_MXNET=1 PATH="$VENV/bin:$PATH" \
            MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="-march=x86-64"
+    [ -n "${HOROVOD_GPU_OPERATIONS:-}" ] || export HOROVOD_WITHOUT_GPU=1
     # NCCL builds: compile and link against the NCCL torch itself loads (the nvidia-nccl wheel torch
     # depends on), so that one NCCL, of one version, is in the process; HOROVOD_NCCL_* override.
     if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]; then

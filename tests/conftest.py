@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # these ranks too: they inherit the environment); the tests of the compress-or-pass decision
 # (tests/test_decision.py) set the mode they test.
 os.environ.setdefault("HVDCOMP_DECISION", "compress")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras as Keras 2 (scripts/mpi_env.sh)
 
 from mpirun import results, run  # noqa: E402
 

@@ -134,3 +134,29 @@ def test_horovodrun_check_build():
     assert fw.get("TensorFlow") is True, proc.stdout
     assert ctl.get("MPI") is True, proc.stdout
     assert ops.get("MPI") is True, proc.stdout
+
+
+# --- 6: plain Keras 3 (tf.keras is the keras package where TF_USE_LEGACY_KERAS is unset) ------
+
+@pytest.mark.timeout(150)
+def test_keras3_tape_reduces_and_keras3_optimizer_is_refused_on_every_rank():
+    """With TensorFlow >= 2.16 and TF_USE_LEGACY_KERAS unset, a user's model is Keras 3:
+    ``DistributedGradientTape`` reduces its gradients (exactly with Horovod's none; the same bits
+    on every rank with hvdcomp), and Horovod's Keras ``DistributedOptimizer``, whose gradients
+    Keras 3 would leave unreduced, raises on every rank saying what to install and set."""
+    keras_major = subprocess.run([PYTHON, "-c", "import keras; print(keras.__version__)"],
+                                 stdout=subprocess.PIPE, text=True, env=mpi_env()).stdout.strip()
+    if not keras_major or int(keras_major.split(".")[0]) < 3:
+        pytest.skip(f"keras {keras_major or 'absent'}: the 2023 stack (TensorFlow 2.15, Keras 2)")
+    np_ = 2
+    res = rank_results(run(np_, "keras3.py", timeout=120, env={"TF_USE_LEGACY_KERAS": "0"}), np_)
+    mean = [np.mean([np.asarray(res[r]["local"][i]) for r in range(np_)], axis=0)
+            for i in range(len(res[0]["local"]))]
+    for r, o in res.items():
+        assert o["variable_type"].startswith("keras."), o["variable_type"]  # Keras 3's variables
+        for i, m in enumerate(mean):
+            close(o["exact"][i], m, 1e-6, f"rank {r} tensor {i}: Horovod none's mean")
+        assert o["marsit_finite"] and not o["marsit_equals_local"], r
+        assert o["marsit_digest"] == res[0]["marsit_digest"], "ranks differ under hvdcomp"
+        assert o["refusal"] and o["refusal"].startswith("ValueError"), o["refusal"]
+        assert "tf-keras" in o["refusal"] and "TF_USE_LEGACY_KERAS=1" in o["refusal"], o["refusal"]

@@ -7,11 +7,12 @@ the IEEE sign bit is clear, so -0.0 packs as 0; unused bits 0). Outputs go to bu
 gives; nothing full-size is allocated. An output may be the same array as an input where the
 contract says so (``memory`` may be ``p``); otherwise arrays must not overlap.
 
-The l1 sum is NumPy's own ``np.abs(p).sum()``, bit for bit: NumPy reduces in blocks of
-``np.getbufsize()`` elements (8192), summing each block pairwise (halves split at multiples of 8,
-leaves of at most 128 elements summed in 8 interleaved lanes, then
+The l1 sum is NumPy's own ``np.abs(p).sum()``, bit for bit: NumPy sums blocks pairwise (halves
+split at multiples of 8, leaves of at most 128 elements summed in 8 interleaved lanes, then
 ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))`` and the leftover elements one by one) and
-the block sums one after another, all in the array's dtype. The kernel visits the elements in
+the block sums one after another, all in the array's dtype; a block is ``np.getbufsize()``
+elements (8192) where NumPy buffers the reduction (NumPy 1.x), the whole array where it does not
+(NumPy 2.x's contiguous reductions): ``sum_block()`` finds which, once. The kernel visits the elements in
 that order, which is also the order the bits are packed in (a leaf's 8 lanes are the 8 bits of
 a byte), so compensating, summing and packing is one pass.
 """
@@ -113,10 +114,35 @@ def encode(g, e, p, bits):
     Returns:
         ``sum |p|`` as a Python float, equal to NumPy's ``float(np.abs(p).sum())`` bit for bit.
     """
-    block = np.getbufsize()
-    if block % 8:
-        raise ValueError(f"numpy's buffer size {block} is not a multiple of 8")
-    return float(_encode(g, e, p, bits, block))
+    return float(_encode(g, e, p, bits, sum_block()))
+
+
+_SUM_BLOCK = []  # sum_block()'s answer, found at the first call
+
+
+def sum_block():
+    """The number of elements NumPy sums pairwise before adding the partial sums one after
+    another for a contiguous float array: ``np.getbufsize()`` where its reductions are buffered,
+    the whole array (any length) where they are not. Found once, by comparing this module's sum
+    with NumPy's on probes of a dozen blocks (both dtypes, a wide range of magnitudes);
+    ``RuntimeError`` where neither order reproduces NumPy's."""
+    if not _SUM_BLOCK:
+        candidates = (1 << 62, np.getbufsize()) if np.lib.NumpyVersion(np.__version__) >= "2.0.0" \
+            else (np.getbufsize(), 1 << 62)
+        rng = np.random.default_rng(0)
+        n = 12 * np.getbufsize() + 5
+        probes = [(rng.standard_normal(n) * rng.exponential(1.0, n)).astype(dtype)
+                  for dtype in (np.float32, np.float64) for _ in range(3)]
+        bits = np.empty((n + 7) // 8, np.uint8)
+        for block in candidates:
+            if block % 8 == 0 and all(float(_encode(x, None, None, bits, block))
+                                      == float(np.abs(x).sum()) for x in probes):
+                _SUM_BLOCK.append(block)
+                break
+        else:
+            raise RuntimeError(f"NumPy {np.__version__} sums floats in an order that "
+                               "hvdcomp.kernels.signs does not reproduce")
+    return _SUM_BLOCK[0]
 
 
 @numba.njit(**_JIT)
