@@ -50,7 +50,7 @@ case "$HVDCOMP_STACK" in
 esac
 HOROVOD_VERSION=0.28.1
 PATCHES=("$ROOT"/scripts/horovod-patches/*.patch)
-PATCH_HASH="$(cat "${PATCHES[@]}" | sha1sum | cut -c1-8)"
+PATCH_HASH="$(cat "${PATCHES[@]}" "$ROOT/scripts/build_horovod.sh" | sha1sum | cut -c1-8)"
 CACHE="${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}"
 PYTAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 TORCH_SPEC="${TORCH_SPEC:-torch==${TORCH_VERSION}}"
@@ -109,30 +109,8 @@ if [ -z "$WHEEL" ]; then
   BUILD="$(mktemp -d)"
   trap 'rm -rf "$BUILD"' EXIT
   pip_quiet download -q --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$BUILD"
-  tar -xzf "$BUILD"/horovod-"${HOROVOD_VERSION}".tar.gz -C "$BUILD"
-  SRC="$BUILD/horovod-${HOROVOD_VERSION}"
-  for p in "${PATCHES[@]}"; do  # each fails the set-up if it does not apply cleanly
-    (cd "$SRC" && git apply -p1 "$p") || { log "patch $(basename "$p") does not apply"; exit 1; }
-  done
-  (
-    cd "$SRC"
-    export HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
-           HOROVOD_WITHOUT_MXNET=1 PATH="$VENV/bin:$PATH" \
-           MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="-march=x86-64"
-    [ -n "${HOROVOD_GPU_OPERATIONS:-}" ] || export HOROVOD_WITHOUT_GPU=1
-    # NCCL builds: compile and link against the NCCL torch itself loads (the nvidia-nccl wheel torch
-    # depends on), so that one NCCL, of one version, is in the process; HOROVOD_NCCL_* override.
-    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]; then
-      NCCL_DIR="$("$VENV/bin/python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
-      if [ -f "$NCCL_DIR/include/nccl.h" ] && [ -f "$NCCL_DIR/lib/libnccl.so.2" ]; then
-        ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"  # the name CMake's find_library looks for
-        export HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED
-        log "Horovod links torch's NCCL $(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$NCCL_DIR/include/nccl.h" | paste -sd.) ($NCCL_DIR)"
-      fi
-    fi
-    "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/wheel" . >"$BUILD/build.log" 2>&1 \
-      || { tail -n 60 "$BUILD/build.log" >&2; exit 1; }
-  )
+  PYTHON_BIN="$VENV/bin/python" bash "$ROOT/scripts/build_horovod.sh" \
+    "$BUILD/horovod-${HOROVOD_VERSION}.tar.gz" "$BUILD/wheel" >/dev/null
   mkdir -p "$HVD_CACHE"
   cp "$BUILD"/wheel/horovod-*.whl "$HVD_CACHE/"
   WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl | head -n1)"

@@ -127,3 +127,22 @@ def test_every_method_on_cuda_ranks():
             assert "NonFiniteGradientError" in nan["message"] and "'b.weight'" in nan["message"]
             assert "rank 1" in nan["message"] and nan["step_before"] == nan["step_after"]
         assert per["nan"]["clean_digest"] == other["nan"]["clean_digest"]
+
+
+@pytest.mark.timeout(400)
+def test_every_method_through_horovods_optimizer_on_cuda():
+    """The user's path on a GPU: a CUDA model trained through the stock
+    ``hvd.DistributedOptimizer`` with each method (and Horovod's none and fp16) on 2 ranks: the
+    parameters stay on the device, every rank ends with the same weights bit for bit, and the
+    loss falls. Needs Horovod built with CUDA (benchmarks/gpu_check.sh)."""
+    hvd = pytest.importorskip("horovod.torch")
+    if not hvd.cuda_built():
+        pytest.skip("Horovod was built without CUDA")
+    res = results(run(2, "cuda_horovod.py", timeout=380))
+    assert sorted(res) == [0, 1]
+    for name, per in res[0]["methods"].items():
+        other = res[1]["methods"][name]
+        assert all(d.startswith("cuda") for d in per["devices"] + other["devices"]), name
+        assert per["digest"] == other["digest"], name
+        assert per["loss_last"] < 0.9 * per["loss_first"], (name, per["loss_first"],
+                                                             per["loss_last"])
