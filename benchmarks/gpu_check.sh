@@ -19,6 +19,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERE
 export HVDCOMP_DECISION=compress
 nvidia-smi -L; mpirun --version | head -1; command -v mpicxx
 python3 -c 'import torch, numpy, numba, mpi4py; print("torch", torch.__version__, "numpy", numpy.__version__, "numba", numba.__version__, "mpi4py", mpi4py.__version__)'
+# Horovod's setup_requires (cffi) where no package index is reachable: wheels carried in .whl/.
+[ -d .whl ] && python3 -m pip install -q --no-deps --no-index .whl/*.whl
 start=$(date +%s)
 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_GPU=0 HOROVOD_BUILD_CUDA_CC_LIST="${COMPUTE_CAPABILITY:-90}" \
   PYTHON_BIN="$(command -v python3)" bash scripts/build_horovod.sh "$SDIST" /tmp/hvd_wheel \

@@ -15,7 +15,9 @@
 set -euo pipefail
 SDIST="$(realpath "$1")"
 OUT="$(mkdir -p "$2" && realpath "$2")"
-PYTHON_BIN="$(realpath "${PYTHON_BIN:?the Python of the environment Horovod is built for}")"
+PYTHON_BIN="${PYTHON_BIN:?the Python of the environment Horovod is built for}"
+# Absolute, but not resolved: a venv's python is a link out of the venv.
+PYTHON_BIN="$(cd "$(dirname "$PYTHON_BIN")" && pwd)/$(basename "$PYTHON_BIN")"
 PATCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/horovod-patches"
 log() { echo "[build_horovod] $*" >&2; }
 
@@ -31,7 +33,13 @@ done
 cd "$SRC"
 export HOROVOD_WITH_MPI="${HOROVOD_WITH_MPI:-1}" HOROVOD_WITHOUT_MXNET=1 \
        PATH="$(dirname "$PYTHON_BIN"):$PATH" MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
-       HOROVOD_BUILD_ARCH_FLAGS="${HOROVOD_BUILD_ARCH_FLAGS:--march=x86-64}"
+       HOROVOD_BUILD_ARCH_FLAGS="${HOROVOD_BUILD_ARCH_FLAGS:--march=x86-64}" \
+       CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+       CXXFLAGS="$(printf -- "-include %s " cstdint string stdexcept limits algorithm)${CXXFLAGS:-}"
+# CMake 4 refuses the bundled Gloo's cmake_minimum_required (3.5 lets it configure). gcc >= 13's
+# standard headers no longer include <cstdint>, <string>, <stdexcept> ... by the way, which
+# Horovod's headers rely on (group_table.h: std::string, common.h: std::logic_error; upstream
+# horovod #3957 adds such includes on master): every C++ file gets them.
 [ "${HOROVOD_WITHOUT_PYTORCH:-}" = 1 ] || export HOROVOD_WITH_PYTORCH=1
 [ "${HOROVOD_WITHOUT_TENSORFLOW:-}" = 1 ] || export HOROVOD_WITH_TENSORFLOW=1
 [ -n "${HOROVOD_GPU_OPERATIONS:-}" ] || export HOROVOD_WITHOUT_GPU="${HOROVOD_WITHOUT_GPU:-1}"
