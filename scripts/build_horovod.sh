@@ -26,7 +26,7 @@ trap 'rm -rf "$WORK"' EXIT
 tar -xzf "$SDIST" -C "$WORK"
 SRC="$(echo "$WORK"/horovod-*)"
 for p in "$PATCH_DIR"/*.patch; do  # each fails the build if it does not apply cleanly
-  if command -v git >/dev/null; then (cd "$SRC" && git apply -p1 "$p"); else patch -s -p1 -d "$SRC" <"$p"; fi \
+  if command -v patch >/dev/null; then patch -s -p1 -d "$SRC" <"$p"; else (cd "$SRC" && git apply -p1 "$p"); fi \
     || { log "patch $(basename "$p") does not apply"; exit 1; }
 done
 
