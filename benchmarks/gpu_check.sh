@@ -27,7 +27,7 @@ HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_GPU=0 HOROVOD_BUILD_CUDA_CC_LIST="$
   || { cp /tmp/hvd_wheel/build.log "$LOGS/" 2>/dev/null; exit 1; }
 echo "Horovod built in $(( $(date +%s) - start )) s"
 python3 -m pip install -q --no-deps --no-index /tmp/hvd_wheel/horovod-*.whl
-python3 -c 'import horovod.torch as hvd; print("horovod", hvd.__version__, "cuda_built", hvd.cuda_built(), "mpi_built", hvd.mpi_built())'
+python3 -c 'import horovod, horovod.torch as hvd; print("horovod", horovod.__version__, "cuda_built", hvd.cuda_built(), "mpi_built", hvd.mpi_built())'
 timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py 2>&1 | tee "$LOGS/cuda_tests.log"
 timeout 150 mpirun -np 2 --oversubscribe --bind-to none python3 benchmarks/cuda_step_bench.py 2>&1 \
   | tee "$LOGS/cuda_step_bench.log"
