@@ -8,7 +8,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # these ranks too: they inherit the environment); the tests of the compress-or-pass decision
 # (tests/test_decision.py) set the mode they test.
 os.environ.setdefault("HVDCOMP_DECISION", "compress")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras as Keras 2 (scripts/mpi_env.sh)
+# tf.keras as Keras 2 (tf-keras), here and in the ranks, as scripts/mpi_env.sh sets it: Horovod's
+# Keras front end needs it (tests/test_stack.py sets "0" for its plain Keras 3 ranks).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from mpirun import results, run  # noqa: E402
 

@@ -13,15 +13,13 @@ PYTHON = sys.executable
 
 
 def mpi_env(extra=None):
-    """The environment for ranks: root allowed, one thread per rank, quiet TensorFlow, tf.keras as
-    Keras 2 (tf-keras) unless the caller's environment says otherwise."""
+    """The environment for ranks: root allowed, one thread per rank, quiet TensorFlow."""
     env = dict(os.environ)
     env.update({
         "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
         "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-        "TF_USE_LEGACY_KERAS": env.get("TF_USE_LEGACY_KERAS", "1"),  # Horovod's Keras needs Keras 2
         "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     })
     env.update(extra or {})

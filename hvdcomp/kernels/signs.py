@@ -12,9 +12,9 @@ split at multiples of 8, leaves of at most 128 elements summed in 8 interleaved 
 ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))`` and the leftover elements one by one) and
 the block sums one after another, all in the array's dtype; a block is ``np.getbufsize()``
 elements (8192) where NumPy buffers the reduction (NumPy 1.x), the whole array where it does not
-(NumPy 2.x's contiguous reductions): ``sum_block()`` finds which, once. The kernel visits the elements in
-that order, which is also the order the bits are packed in (a leaf's 8 lanes are the 8 bits of
-a byte), so compensating, summing and packing is one pass.
+(NumPy 2.x's contiguous reductions): ``sum_block()`` finds which, once. The kernel visits the
+elements in that order, which is also the order the bits are packed in (a leaf's 8 lanes are the
+8 bits of a byte), so compensating, summing and packing is one pass.
 """
 import math
 
