@@ -25,8 +25,9 @@ All are built at once (same seed) and warmed up: hvdcomp's until its decision ho
 configuration in turn (so slow drifts of a shared machine hit all alike); a step is the slowest
 rank's seconds after a barrier. ``--sequential``: one configuration at a time (built, warmed up,
 timed, freed), for models whose configurations do not fit in memory together (gpt with
-AdamW). Also measured: Horovod's fp32 allreduce of a tensor of the model's size (median of 3), so ``r = allreduce / ceiling step``. Rank 0 prints and appends one
-JSON object per configuration to ``--out``.
+AdamW). Also measured: Horovod's fp32 allreduce of a tensor of the model's size (median of 3),
+so ``r = allreduce / ceiling step``. Rank 0 prints and appends one JSON object per configuration
+to ``--out``.
 """
 import argparse
 import gc
