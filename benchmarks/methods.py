@@ -15,12 +15,14 @@ ALL_METHODS = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
 def make_compression(method, hvd):
     """The ``compression=`` argument of ``method`` for Horovod module ``hvd`` (horovod.torch or
     horovod.tensorflow): Horovod's Compression.none / fp16, or a fresh hvdcomp instance with its
-    default settings."""
+    default settings (``Name@key=value@...``: with those string settings, e.g.
+    ``Marsit@hierarchy=flat`` or ``TopK@fusion=auto``)."""
     if method == "hvd-fp32":
         return hvd.Compression.none
     if method == "hvd-fp16":
         return hvd.Compression.fp16
-    return registry.METHODS[method]()
+    name, *given = method.split("@")  # e.g. 'Marsit@hierarchy=flat@fusion=auto'
+    return registry.METHODS[name](**dict(kv.split("=", 1) for kv in given))
 
 
 def add_step_args(ap):

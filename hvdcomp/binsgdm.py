@@ -70,6 +70,7 @@ class BinSGDM(BatchedCompressor):
 
     method = "BinSGDM"
     follows_adam = False  # it is the optimizer itself (refused under Adam: returns_step)
+    own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
     n_scalars = 0
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",
@@ -83,7 +84,6 @@ class BinSGDM(BatchedCompressor):
         self.ranks_per_node = validate.optional_count("ranks_per_node", ranks_per_node, 1)
         self.uneven = validate.choice("uneven", uneven, ("flat", "error"))
         self._hierarchy = None
-        self.last_legs = None
         kernels.warm("votes")
 
     def settings(self):
@@ -100,6 +100,9 @@ class BinSGDM(BatchedCompressor):
         if self._hierarchy is None or self._hierarchy.parent is not ctx:
             self._hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
         return self._hierarchy
+
+    def node_layout(self):
+        return self.hierarchy().describe()
 
     def prepare(self, batch):
         return np.zeros((len(batch.entries), 0))

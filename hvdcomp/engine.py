@@ -200,6 +200,7 @@ class StepEngine:
 
     def __init__(self, method, store, preconditioner, decision, on_nonfinite):
         self.method, self.store, self.pre = method, store, preconditioner
+        self.carry = getattr(method, "carry", feedback.carry)  # the method's, where it keeps its own
         self.decision, self.on_nonfinite = decision, on_nonfinite
         self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps
@@ -313,7 +314,7 @@ class StepEngine:
         rescaled = self._unscale(live)
         for e in small:
             if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
-                feedback.carry(self.store, e, preconditioning.memory_units(self.pre, e))
+                self.carry(self.store, e, preconditioning.memory_units(self.pre, e))
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)

@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from hvdcomp import bucketing, checks, ownership, preconditioning, state, validate
+from hvdcomp import bucketing, checks, hierarchical, ownership, preconditioning, state, validate
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS, Decision
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
@@ -67,8 +67,9 @@ class default_instance:
 class BatchedCompressor:
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
-    Common args (keywords; BinSGDM takes all but the last two): ``on_nonfinite``: what a step
-    with NaN/Inf in some rank's gradient does, on every rank alike, the state left unchanged:
+    Common args (keywords; BinSGDM takes all but ``min_compress_numel``, ``precondition`` and
+    ``decision``, and has its own stages): ``on_nonfinite``: what a step with NaN/Inf in some
+    rank's gradient does, on every rank alike, the state left unchanged:
     'propagate' (default; as Horovod's allreduce: NaN for the non-finite tensors, zeros for the
     others, so AMP's GradScaler skips the step and backs off; rank 0 logs them), 'raise'
     (``NonFiniteGradientError``; recommended outside mixed precision) or 'skip' (zeros for every
@@ -78,16 +79,21 @@ class BatchedCompressor:
     ``min_compress_numel``: tensors with fewer elements are summed uncompressed; ``precondition``:
     None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``);
     ``decision``: 'measure' (compress only where it makes the step faster), 'compress' or 'pass'
-    (``hvdcomp.decision``), default ``hvdcomp.decision.DEFAULT_MODE``.
+    (``hvdcomp.decision``), default ``hvdcomp.decision.DEFAULT_MODE``; ``hierarchy``: 'auto'
+    (intra-/inter-node stages where the job has several nodes of several ranks,
+    ``hvdcomp.hierarchical``) or 'flat', default ``HVDCOMP_HIERARCHY`` or 'auto'.
     """
 
     method = "base"
+    # {'intra', 'inter'}: CommStats of the last batch's node stages, where they ran
+    # (hvdcomp.hierarchical; BinSGDM's own), else None
+    last_legs = None
     n_scalars = 0
     follows_adam = True  # precondition=None drives a user's Adam (preconditioning.FollowAdam)
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
-                 precondition=None, decision=None):
+                 precondition=None, decision=None, hierarchy=None):
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
@@ -100,6 +106,9 @@ class BatchedCompressor:
         self._fusion_cost = validate.fusion_cost(self._fusion_mode, fusion_cost)
         self._decision_mode = validate.choice(
             "decision", DEFAULT_DECISION if decision is None else decision, DECISIONS)
+        self.hierarchy_mode = validate.choice(
+            "hierarchy", hierarchical.DEFAULT_MODE if hierarchy is None else hierarchy,
+            hierarchical.MODES)
         self._start_fresh()
         # Called per tensor: bound once here, not by default_instance.__get__ at every call.
         self.compress, self.decompress = self.compress, self.decompress
@@ -109,8 +118,8 @@ class BatchedCompressor:
         self.store = state.StateStore()
         self.decision = Decision(self._decision_mode if self.returns_step() is None else "compress",
                                  self.min_compress_numel)  # (see hvdcomp.decision)
-        self.engine = StepEngine(self, self.store, self.preconditioner, self.decision,
-                                 self.on_nonfinite)
+        self.engine = StepEngine(hierarchical.wrap(self, self.hierarchy_mode), self.store,
+                                 self.preconditioner, self.decision, self.on_nonfinite)
         self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
             self.engine, self._fusion_mode, self._fusion_cost)
 
@@ -142,7 +151,8 @@ class BatchedCompressor:
                 "fusion": "step" if self._fusion is None else self._fusion.mode,
                 "fusion_cost": None if self._fusion is None else self._fusion.cost,
                 "precondition": self.precondition if self.adam is None else repr(self.adam),
-                "decision": self.decision.mode, **self.settings()}
+                "decision": self.decision.mode, "hierarchy": self.hierarchy_mode,
+                **self.settings()}
 
     # -- class used bare: one default instance per class -------------------------------------
     @classmethod
@@ -256,6 +266,13 @@ class BatchedCompressor:
                        for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
             self.engine.process(sorted(entries, key=lambda e: e.key))
             return [self.engine.take(e.ticket)[0] for e in entries]
+
+    def node_layout(self):
+        """The node layout of the last compressed batch ('2 node(s) x 2 rank(s)'; with the
+        node stages only where several nodes have several ranks, ``hvdcomp.hierarchical``), or
+        None (none yet, or ``hierarchy='flat'``)."""
+        hier = getattr(self.engine.method, "hierarchy", None)
+        return None if hier is None else hier.describe()
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance

@@ -109,6 +109,10 @@ class StateStore:
         """Drop the staged values: the state is as at the last commit."""
         self._staged = {}
 
+    def discard(self, key):
+        """Remove ``key``'s committed value now (not staged: e.g. a value that cannot be used)."""
+        self._committed.pop(key, None)
+
     def forget(self, name):
         """Drop every value of tensor ``name`` (its method state and ``'<name>#...'``)."""
         for table in (self._committed, self._staged, self._spares, self._scratch):

@@ -25,6 +25,8 @@ import torch
 import horovod.torch as hvd
 from mpi4py import MPI
 
+from hvdcomp.comm.hierarchy import shard_bounds
+
 from report import report
 from torch_common import (batch, build, compression_for, compressor_object, digest,
                           identical_across_ranks, load_digits_split)
@@ -56,12 +58,23 @@ def mean_over_ranks(arrays):
 
 
 def memory_of(comp, names):
-    """This rank's error-feedback memory per parameter name (zeros where none), float64."""
+    """This rank's error-feedback memory per parameter name (zeros where none), float64, full
+    size. In node stages (hvdcomp.hierarchical) a rank holds its shard's memory, of its node's
+    mean gradient: placed at the shard, times the ranks per node, so that the mean over ranks
+    is the mean over nodes."""
     state = comp.state_dict()["state"]
+    hier = getattr(comp.engine.method, "hierarchy", None)
     out = {}
     for n, size in names.items():
         keys = [k for k in state if k.endswith(n) and "#" not in k]
-        out[n] = np.asarray(state[keys[0]], np.float64).ravel() if keys else np.zeros(size)
+        out[n] = np.zeros(size)
+        memory = np.asarray(state[keys[0]], np.float64).ravel() if keys else out[n]
+        if memory.size == size:
+            out[n] = memory
+        else:
+            bounds = shard_bounds(size, hier.local_size)
+            out[n][bounds[hier.local_rank]:bounds[hier.local_rank + 1]] = \
+                memory * hier.local_size
     return out
 
 

@@ -20,9 +20,10 @@ identical = train(model, opt, xtr, ytr, 0, steps)
 acc, loss = evaluate(model, xte, yte)
 comp = compressor_object(compression)
 extra = {}
-if getattr(comp, "last_legs", None):  # hierarchical methods: bytes per leg of the last step
+if getattr(comp, "last_legs", None):  # node stages: bytes per leg of the last step
     extra = dict(legs={k: v.bytes_sent for k, v in comp.last_legs.items()},
-                 layout=comp.hierarchy().describe(), elements=comp.last_stats.elements)
+                 layout=comp.node_layout(), elements=comp.last_stats.elements,
+                 compressed=comp.last_stats.compressed_elements)
 report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
        stats=comp.total_stats.as_dict() if comp else None,
        memory_keys=sorted(comp.state_dict()["state"]) if comp else None, **extra)
