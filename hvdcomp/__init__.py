@@ -20,6 +20,7 @@ from hvdcomp.errors import (HvdcompError, JoinError, LaunchError, NonFiniteGradi
                             UnsupportedOpError, UnsupportedOptimizerError,
                             UnsupportedTensorError)
 from hvdcomp.marsit import Marsit
+from hvdcomp.powersgd import PowerSGD
 from hvdcomp.sketchfusion import SketchFusion
 from hvdcomp.stats import StepStats
 from hvdcomp.topk import TopK
@@ -33,8 +34,8 @@ if "horovod.torch" in _sys.modules:  # hvd.join() raises instead of hanging (ibi
 DEFAULT = Marsit
 
 __version__ = "0.1.0"
-__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "EFSignSGD", "DEFAULT", "AdamSettings",
-           "BatchedCompressor", "StepStats", "set_loss_scale", "HvdcompError", "LaunchError",
+__all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "EFSignSGD", "PowerSGD", "DEFAULT",
+           "AdamSettings", "BatchedCompressor", "StepStats", "set_loss_scale", "HvdcompError", "LaunchError",
            "NonFiniteGradientError", "RankMismatchError", "SetupMismatchError",
            "UnsupportedOpError", "UnsupportedTensorError", "UnnamedTensorError", "JoinError",
            "UnsupportedOptimizerError"]

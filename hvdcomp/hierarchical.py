@@ -6,28 +6,32 @@ Where the job has several nodes with the same number L > 1 of ranks each (the la
 ``hvdcomp.comm.hierarchy.Hierarchy``: MPI's shared-memory nodes, or ``HVDCOMP_RANKS_PER_NODE``
 ranks per node), one batch's compressed tensors are reduced in three stages:
 
-1. intra reduce-scatter (in ``prepare``): every tensor of n elements is cut into L shards
-   (``shard_bounds``, 8-element aligned so 1-bit messages of a shard are whole bytes); local rank
-   r receives the node's exact float32 sum of shard r of every tensor (one fused exchange for the
-   batch, summed in local-rank order) and divides it by L: its node's mean of that shard;
+1. intra reduce-scatter (in ``prepare``), through the node's shared memory
+   (``hvdcomp.comm.hierarchy.NodeMemory``): every rank writes its working vectors there once;
+   every tensor of n elements is cut into L shards (``shard_bounds``, 8-element aligned so 1-bit
+   messages of a shard are whole bytes), and local rank r sums shard r of every tensor over the
+   node's ranks (float32, in local-rank order) and divides it by L: its node's mean of that shard;
 2. inter (``reduce``): the method itself, on those shards, among the ranks with the same local
    rank (one per node, ``Hierarchy.inter``): each node is one rank of the method, whose gradient
    is its node's mean, so the method returns the mean over all ranks of each shard. Its state
    (error feedback, ...) is per shard: kept under the tensor's name by the rank that owns the
    shard, shard-sized;
-3. intra all-gather: every local rank's shard results (float32), concatenated per tensor.
+3. intra all-gather: every local rank writes its shard results into the node's result vector in
+   shared memory, and every rank copies it out.
 
-The method's ``last_legs`` then holds what the last batch moved in each stage ({'intra',
-'inter'}: ``CommStats``; ``last_stats`` counts both).
+The method's ``last_legs`` then holds what the last batch moved through MPI in each stage
+({'intra', 'inter'}: ``CommStats``; the intra stages move nothing through MPI, only two
+barriers); ``last_stats`` counts the inter stage.
 
 Every rank gets the same numbers: each shard's result is computed alike by its inter group (a
 method's result is identical on the ranks of its group) and then copied. What leaves a node per
 step is the method's traffic for n/L elements among N ranks, once per local rank: about the
 method's traffic for n elements among N ranks (a 1-bit ring: 2 (N-1)/N bits per element), and
-its sequential hops grow with N, not N*L. Inside the node each rank sends 2 (L-1)/L * 4n bytes
-over shared memory, and encodes/decodes n/L elements instead of n.
+its sequential hops grow with N, not N*L. Inside the node each rank writes 4n bytes to shared
+memory and reads 4n, and encodes/decodes n/L elements instead of n.
 
-One node, one rank per node, or nodes of different sizes (``Hierarchy``'s flat fallback): the
+One node, one rank per node, nodes of different sizes (``Hierarchy``'s flat fallback), or a
+"node" whose ranks share no memory (``HVDCOMP_RANKS_PER_NODE`` grouping other machines): the
 method runs flat over every rank, as without the wrapper (one machine: the compress-or-pass
 decision then judges whether compressing pays). Methods whose paper prescribes their own stages
 (BinSGDM: ``own_stages = True``) are not wrapped.
@@ -46,11 +50,12 @@ import numpy as np
 
 from hvdcomp import feedback
 from hvdcomp.backend import xp
-from hvdcomp.comm.hierarchy import Hierarchy, shard_bounds
+from hvdcomp.comm.hierarchy import Hierarchy, NodeMemory, shard_bounds
 from hvdcomp.engine import Entry
 from hvdcomp.frontends import adapter_for
 
 MODES = ("auto", "flat")
+NODE_MEAN = "#node-mean"  # the store's scratch key suffix of a tensor's node mean shard
 DEFAULT_MODE = os.environ.get("HVDCOMP_HIERARCHY", "auto")
 log = logging.getLogger("hvdcomp")
 
@@ -72,9 +77,10 @@ class Hierarchical:
         self.method, self.n_scalars = method.method, method.n_scalars
         self.hierarchy = None  # the Hierarchy found at the first compressed batch
         self._rows = None
-        # between prepare and reduce: (shard batch, per-tensor shard bounds, segment bounds of
-        # the fused exchanges, each tensor's start in each segment, tensors with a shard here)
+        # between prepare and reduce: (shard batch, per-tensor shard bounds, per-tensor offsets
+        # in the node vectors, indices of the tensors with a shard on this rank)
         self._pending = None
+        self._memory = None  # the node's NodeMemory
 
     def describe(self):
         return self.inner.describe()
@@ -87,7 +93,9 @@ class Hierarchical:
             where = ctx.comm.allgather((hier.node, hier.local_rank))
             self._rows = [r for _, r in sorted((n, r) for r, (n, lr) in enumerate(where)
                                                 if lr == hier.local_rank)]
+            self._memory = NodeMemory(hier.intra)
             self.hierarchy = hier
+            self._shared = all(ctx.allgather_object(self._memory.usable))
             if ctx.rank == 0:
                 log.info("%s: %s, %s", self.method, hier.describe(),
                          "intra-/inter-node stages" if self._staged() else "flat")
@@ -95,38 +103,36 @@ class Hierarchical:
 
     def _staged(self):
         h = self.hierarchy
-        return h.nodes > 1 and h.local_size > 1 and not h.flat_fallback
+        return h.nodes > 1 and h.local_size > 1 and not h.flat_fallback and self._shared
 
     def prepare(self, batch):
         hier = self.layout(batch.ctx)
         if hier is None:
             self._pending = None
             return self.inner.prepare(batch)
-        L, r = hier.local_size, hier.local_rank
+        L, r, mem = hier.local_size, hier.local_rank, self._memory
         self._legs_before = hier.leg_stats()
         bounds = [shard_bounds(e.numel, L) for e in batch.entries]
-        host = [np.asarray(xp.to_host(e.work), dtype=np.float32).reshape(-1)
-                for e in batch.entries]
-        with batch.phase("comm"):
-            send = np.concatenate([h[b[d]:b[d + 1]] for d in range(L) for h, b in
-                                   zip(host, bounds)] or [np.zeros(0, np.float32)])
-            sizes = np.array([[b[d + 1] - b[d] for d in range(L)] for b in bounds],
-                             dtype=np.int64).reshape(len(bounds), L)
-            starts = np.cumsum(sizes, axis=0) - sizes  # tensor i's place in segment d
-            dest = np.concatenate([[0], np.cumsum(sizes.sum(axis=0))])
-            starts += dest[:-1]
-            node_mean = hier.reduce_scatter(send, dest)
-            node_mean /= np.float32(L)
-        shards, kept, off = [], [], 0
-        for i, (e, b) in enumerate(zip(batch.entries, bounds)):
-            n = b[r + 1] - b[r]
-            if n:
-                shards.append(_shard_entry(batch.store, e, node_mean[off:off + n]))
+        offsets = np.concatenate([[0], np.cumsum([e.numel for e in batch.entries])])
+        mem.reserve(int(offsets[-1]))
+        vectors = mem.inputs()
+        for e, off in zip(batch.entries, offsets):
+            vectors[r][off:off + e.numel] = xp.to_host(e.work).reshape(-1)
+        mem.barrier()  # every local rank's vector is in
+        shards, kept, result = [], [], mem.result()
+        for i, (e, b, off) in enumerate(zip(batch.entries, bounds, offsets)):
+            lo, hi = off + b[r], off + b[r + 1]
+            if hi > lo:
+                node_mean = np.add(vectors[0][lo:hi], vectors[1][lo:hi],
+                                   out=batch.store.scratch(e.key + NODE_MEAN, vectors[0][lo:hi]))
+                for v in vectors[2:]:
+                    node_mean += v[lo:hi]  # in local-rank order
+                node_mean /= np.float32(L)
+                shards.append(_shard_entry(batch.store, e, node_mean, into=result[lo:hi]))
                 kept.append(i)
-            off += n
         inner = copy.copy(batch)
         inner.entries, inner.ctx = shards, hier.inter
-        self._pending = (inner, bounds, dest, starts, kept)
+        self._pending = (inner, bounds, offsets, kept)
         scalars = np.zeros((len(batch.entries), self.n_scalars))
         if shards:
             scalars[kept] = np.asarray(self.inner.prepare(inner), dtype=np.float64).reshape(
@@ -136,24 +142,20 @@ class Hierarchical:
     def reduce(self, batch, scalars):
         if self._pending is None:
             return self.inner.reduce(batch, scalars)
-        (inner, bounds, dest, starts, kept), self._pending = self._pending, None
-        hier, L = self.hierarchy, self.hierarchy.local_size
-        parts = [np.zeros(0, np.float32)] * len(batch.entries)
+        (inner, bounds, offsets, kept), self._pending = self._pending, None
+        hier, mem, r = self.hierarchy, self._memory, self.hierarchy.local_rank
+        result = mem.result()
         if kept:
             before = hier.inter.stats.snapshot()
             rows = np.asarray(scalars)[self._rows][:, kept]
-            for i, out in zip(kept, self.inner.reduce(inner, rows)):
-                parts[i] = np.asarray(xp.to_host(out), dtype=np.float32).reshape(-1)
+            for i, shard, out in zip(kept, inner.entries, self.inner.reduce(inner, rows)):
+                if out is not shard.into:  # the method made its own array
+                    shard.into[...] = xp.to_host(out).reshape(-1)
             moved = hier.inter.stats.since(before)
             batch.ctx.stats.add(moved.bytes_sent, moved.bytes_recv, moved.messages)
         with batch.phase("comm"):
-            full = hier.allgather(np.concatenate(parts), dest, np.float32)
-        out = []
-        for i, (e, b) in enumerate(zip(batch.entries, bounds)):
-            flat = np.empty(e.numel, dtype=np.float32)
-            for d in range(L):
-                flat[b[d]:b[d + 1]] = full[starts[i, d]:starts[i, d] + b[d + 1] - b[d]]
-            out.append(xp.from_host(flat, e.work))
+            mem.barrier()  # every shard's result is in
+            out = [_copy_out(e, result[off:off + e.numel]) for e, off in zip(batch.entries, offsets)]
         after = hier.leg_stats()
         self.inner.last_legs = {k: after[k].since(self._legs_before[k]) for k in after}
         return out
@@ -173,10 +175,20 @@ class Hierarchical:
         store.drop(entry.key)
 
 
-def _shard_entry(store, entry, shard):
+def _copy_out(entry, values):
+    """``entry``'s result: ``values`` (a view of the node's shared result) copied into the
+    user's gradient where the entry may write there (``Entry.into``), else into a new array."""
+    if entry.into is not None and entry.into.dtype == values.dtype:
+        entry.into[...] = values
+        return entry.into
+    return xp.from_host(values.copy(), entry.work)
+
+
+def _shard_entry(store, entry, shard, into):
     """An engine ``Entry`` for this rank's ``shard`` (float32 host array) of ``entry``: the same
-    key (its state is the shard's), the user's Adam moments (``entry.adam``) kept. A memory of
-    another size (saved under another layout) is dropped."""
+    key (its state is the shard's), the user's Adam moments (``entry.adam``) kept, its result
+    to be written ``into`` the node's shared result where the method can. A memory of another
+    size (saved under another layout) is dropped."""
     memory = store.get(entry.key)
     if memory is not None and not isinstance(memory, tuple) and np.size(memory) != shard.size:
         log.warning("hvdcomp: the state of %r was saved for another node layout (%d elements, "
@@ -184,5 +196,5 @@ def _shard_entry(store, entry, shard):
                     np.size(memory), shard.size)
         store.discard(entry.key)
     made = Entry(entry.key, shard, adapter_for(shard), gradient=entry.gradient)
-    made.adam = entry.adam
+    made.adam, made.into = entry.adam, into
     return made

@@ -34,13 +34,14 @@ from typing import Mapping, NamedTuple, Optional
 from hvdcomp.binsgdm import BinSGDM
 from hvdcomp.efsignsgd import EFSignSGD
 from hvdcomp.marsit import Marsit
+from hvdcomp.powersgd import PowerSGD
 from hvdcomp.sketchfusion import SketchFusion
 from hvdcomp.topk import TopK
 
 TASKS = ("digits", "charlm", "tf-digits", "digits-test", "tf-test")
 
 METHODS = {"Marsit": Marsit, "BinSGDM": BinSGDM, "TopK": TopK, "SketchFusion": SketchFusion,
-           "EFSignSGD": EFSignSGD}
+           "EFSignSGD": EFSignSGD, "PowerSGD": PowerSGD}
 
 
 class Rates(NamedTuple):
@@ -138,6 +139,9 @@ PRESETS = {
     "efsignsgd": Preset(EFSignSGD, {}, {"digits": _sgd(0.02), "charlm": _adam(3e-3),
                                         "digits-test": _sgd(0.025),
                                         "tf-test": _sgd(0.02, 0.0)}),
+    # PowerSGD (rank 4): the uncompressed runs' rates, as the paper keeps the rate of SGD
+    "powersgd": Preset(PowerSGD, {}, {"digits": _sgd(0.05), "charlm": _adam(9e-3),
+                                      "digits-test": _sgd(0.05), "tf-test": _sgd(0.05, 0.0)}),
 }
 
 
@@ -157,6 +161,10 @@ class Expect:
       the argument.
     - ``traffic``: how bytes and message rounds grow with the world (benchmarks/cost_model.py):
       ``"ring"``, ``"two-rings"``, ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"allgather"``.
+    - ``state_suffixes``: state a method keeps per tensor beside its memory, under
+      ``'<name><suffix>'`` (PowerSGD's ``'#q'``); ``state_keys`` lists what a checkpoint holds.
+    - ``exact_vectors``: a compressed 1-D tensor is sent whole, exactly, and keeps no state
+      (PowerSGD: a vector has no low-rank form).
     """
     one_rank: str
     min_ratio: Optional[float]
@@ -165,10 +173,16 @@ class Expect:
     test_kwargs: Mapping = field(default_factory=dict)
     invalid: tuple = ()
     traffic: str = "ring"
+    state_suffixes: tuple = ()
+    exact_vectors: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "one_rank_kwargs", _frozen(self.one_rank_kwargs))
         object.__setattr__(self, "test_kwargs", _frozen(self.test_kwargs))
+
+    def state_keys(self, tensors):
+        """The sorted state keys of a checkpoint whose stateful tensors are ``tensors``."""
+        return sorted([*tensors, *(t + s for t in tensors for s in self.state_suffixes)])
 
 
 _COMMON_INVALID = (("min_compress_numel", -1), ("on_nonfinite", "ignore"), ("seed", -1))
@@ -199,6 +213,12 @@ EXPECT = {
     "EFSignSGD": Expect("scaled-sign", 10, traffic="allgather", invalid=(
         ("min_compress_numel", -1), ("min_compress_numel", 2.5), ("on_nonfinite", "ignore"),
         ("seed", -1), ("fusion", "sometimes"), ("precondition", "sgd"))),
+    # rank 4 on the digits model: 4 (n + m) floats per weight matrix, ~17x fewer bytes; a
+    # vector (or any matrix with min(n, m) <= rank) is sent whole, exactly
+    "PowerSGD": Expect("identity", 10, traffic="two-rings", state_suffixes=("#q",),
+                       exact_vectors=True,
+                       one_rank_kwargs={"rank": 1 << 20}, test_kwargs={"rank": 2}, invalid=(
+                           ("rank", 0), ("rank", 1.5), ("rank", "two")) + _COMMON_INVALID),
 }
 
 

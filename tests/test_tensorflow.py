@@ -15,7 +15,8 @@ METHODS = {registry.base_preset(m): m for m in registry.METHODS}
 COMPRESSED = ["dense/kernel:0", "kernel:0"]
 EVERY = ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0", "dense_1/kernel:0",
          "kernel:0"]
-KEYS = {name: COMPRESSED if registry.EXPECT[m].small_exact else EVERY
+KEYS = {name: registry.EXPECT[m].state_keys(COMPRESSED if registry.EXPECT[m].small_exact
+                                             else EVERY)
         for name, m in METHODS.items()}
 
 

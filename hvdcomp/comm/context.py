@@ -35,7 +35,8 @@ MAX_MESSAGE_BYTES = 1 << 30
 _lock = threading.Lock()
 _context = None
 _subsets = {}  # sorted tuple of world ranks -> CommContext of that process set
-_communicators = []  # every communicator hvdcomp created, freed at exit (see _free_all)
+_communicators = []  # every communicator (and shared window) hvdcomp created, freed at exit
+# (see _free_all; reversed, so a window goes before the communicator it was made on)
 
 
 class CommContext:
@@ -76,7 +77,7 @@ class CommContext:
 
 
 def _free_all():
-    """Free hvdcomp's communicators while MPI is still up. Registered at the first
+    """Free hvdcomp's communicators (and windows) while MPI is still up. Registered at the first
     ``get_context()``, i.e. after Horovod's and mpi4py's own exit handlers, so (exit handlers
     run last-registered first) it runs before either finalises MPI; otherwise the communicator
     objects would be released after MPI_Finalize, which Open MPI aborts on."""

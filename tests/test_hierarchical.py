@@ -1,0 +1,83 @@
+"""Node stages for every method (``hvdcomp.hierarchical``) on real ranks: 4 ranks posing as 2
+nodes x 2 ranks (``HVDCOMP_RANKS_PER_NODE=2``), the stock hvd.DistributedOptimizer, each
+method's bare defaults (the stages are on by default where nodes have several ranks)."""
+import pytest
+
+from mpirun import results, run
+
+from conftest import SETTINGS, train_digits
+from test_training import TOLERANCE_ACC, TOLERANCE_LOSS
+
+NODES = {"HVDCOMP_RANKS_PER_NODE": "2"}
+FLAT = {**NODES, "HVDCOMP_HIERARCHY": "flat"}
+# bits per compressed element that leave a node per step, at most (2 nodes: a 1-bit ring sends
+# each shard's bits once between the nodes; EF-signSGD's all-gather the same with 2 nodes)
+BITS_BETWEEN_NODES = {"marsit": 1.1, "efsignsgd": 1.1}
+
+
+def _per_step(r, key):
+    return r["stats"][key] / r["steps"]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", ["marsit", "topk", "sketchfusion", "efsignsgd"])
+def test_every_method_runs_in_node_stages_and_sends_one_shard_per_rank_between_nodes(name):
+    """Ranks bit-identical after every step (train_digits); inside the node each rank sends
+    exactly its float32 reduce-scatter and all-gather (4 bytes per compressed element with 2
+    ranks per node); between the nodes 1-bit methods send about one bit per element per node,
+    and the sparse ones no more than a rank sends in the flat layout."""
+    res = train_digits(name, env=NODES, epochs=3)
+    for r in res.values():
+        assert r["layout"] == "2 node(s) x 2 rank(s)"
+        assert r["legs"]["intra"] == 4 * r["compressed"] > 0
+    d = res[0]["compressed"]
+    node_inter = [res[2 * k]["legs"]["inter"] + res[2 * k + 1]["legs"]["inter"] for k in (0, 1)]
+    print(f"{name}: {d} compressed elements, bytes between nodes per node and step "
+          f"{node_inter}, {8 * max(node_inter) / d:.2f} bits per element")
+    if name in BITS_BETWEEN_NODES:
+        assert 8 * max(node_inter) / d <= BITS_BETWEEN_NODES[name]
+    else:
+        flat = train_digits(name, env=FLAT, epochs=3)
+        assert "legs" not in flat[0]  # no stages asked for: the method alone, over every rank
+        assert max(node_inter) <= min(_per_step(r, "bytes_sent") for r in flat.values())
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", ["marsit", "topk"])
+def test_node_stages_train_like_uncompressed(name, uncompressed):
+    """20 epochs in node stages: the uncompressed accuracy and loss within the tolerance every
+    method's flat run is held to (tests/test_training.py)."""
+    r = train_digits(name, env=NODES)[0]
+    print(f"{name} in node stages: acc {r['acc']:.4f} loss {r['loss']:.4f}; uncompressed "
+          f"{uncompressed['acc']:.4f} / {uncompressed['loss']:.4f}")
+    assert r["acc"] >= uncompressed["acc"] - TOLERANCE_ACC
+    assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, form", [("marsit", "rank"), ("topk", "gathered"),
+                                        ("sketchfusion", "rank"), ("efsignsgd", "gathered")])
+def test_a_resume_in_node_stages_is_bit_identical(name, form):
+    """Each rank's state is its shard's (under the tensor's name): a checkpoint restores it."""
+    lr, momentum = SETTINGS[name]
+    res = results(run(4, "resume.py", name, form, lr, momentum, timeout=240, env=NODES))
+    for r in res.values():
+        assert r["identical_steps"] == 12 and r["same"] and r["fresh_differs"]
+        assert r["memory_norm"] > 0 and r["memory_keys"] == ["0.weight", "2.weight", "4.weight"]
+    assert len({r["memory_norm"] for r in res.values()}) == 4  # four shards' memories
+
+
+@pytest.mark.timeout(300)
+def test_a_tensor_the_decision_passes_carries_its_shards_memory():
+    """The compress-or-pass decision in node stages: the same thresholds on every rank, and over
+    every compressed -> passed switch the applied steps equal the mean gradients plus the mean
+    over nodes of the shard memories (tests/mpi/decision.py)."""
+    res = results(run(4, "decision.py", "marsit", 0.05, "carry", timeout=240,
+                      env={**NODES, "HVDCOMP_DECISION": "measure"}))
+    ours = res[0]
+    assert ours["identical"] == ours["steps"]
+    assert all(r["thresholds"] == ours["thresholds"] for r in res.values())
+    runs = [r for r in ours["runs"] if r["memory"] > 0]
+    assert runs, ours["runs"]
+    for r in runs:
+        assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
