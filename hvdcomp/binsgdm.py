@@ -101,9 +101,6 @@ class BinSGDM(BatchedCompressor):
             self._hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
         return self._hierarchy
 
-    def node_layout(self):
-        return self.hierarchy().describe()
-
     def prepare(self, batch):
         return np.zeros((len(batch.entries), 0))
 

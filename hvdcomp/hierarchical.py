@@ -48,7 +48,7 @@ import os
 
 import numpy as np
 
-from hvdcomp import feedback
+from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
 from hvdcomp.comm.hierarchy import Hierarchy, NodeMemory, shard_bounds
 from hvdcomp.engine import Entry
@@ -58,6 +58,19 @@ MODES = ("auto", "flat")
 NODE_MEAN = "#node-mean"  # the store's scratch key suffix of a tensor's node mean shard
 DEFAULT_MODE = os.environ.get("HVDCOMP_HIERARCHY", "auto")
 log = logging.getLogger("hvdcomp")
+
+
+def checked_mode(mode):
+    """``mode`` (None: ``DEFAULT_MODE``) if it is one of ``MODES``, else ValueError."""
+    return validate.choice("hierarchy", DEFAULT_MODE if mode is None else mode, MODES)
+
+
+def node_layout(compressor):
+    """The node layout ``compressor``'s last compressed batch found ('2 node(s) x 2 rank(s)';
+    its stages run only where several nodes have several ranks), or None (none yet, or flat)."""
+    hier = getattr(compressor.engine.method, "hierarchy", None)  # BinSGDM's: a method
+    hier = hier() if callable(hier) else hier
+    return None if hier is None else hier.describe()
 
 
 def wrap(method, mode):

@@ -69,25 +69,22 @@ class BatchedCompressor:
 
     Common args (keywords; BinSGDM takes all but ``min_compress_numel``, ``precondition`` and
     ``decision``, and has its own stages): ``on_nonfinite``: what a step with NaN/Inf in some
-    rank's gradient does, on every rank alike, the state left unchanged:
-    'propagate' (default; as Horovod's allreduce: NaN for the non-finite tensors, zeros for the
-    others, so AMP's GradScaler skips the step and backs off; rank 0 logs them), 'raise'
-    (``NonFiniteGradientError``; recommended outside mixed precision) or 'skip' (zeros for every
-    tensor); ``seed`` (int >= 0); ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion,
-    ``hvdcomp.bucketing``) or 'layerwise' (one bucket per tensor), default ``DEFAULT_FUSION``;
-    ``fusion_cost``: optional ``(latency s, bandwidth B/s)`` of a bucket's reduction for 'auto';
-    ``min_compress_numel``: tensors with fewer elements are summed uncompressed; ``precondition``:
-    None (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``);
-    ``decision``: 'measure' (compress only where it makes the step faster), 'compress' or 'pass'
-    (``hvdcomp.decision``), default ``hvdcomp.decision.DEFAULT_MODE``; ``hierarchy``: 'auto'
-    (intra-/inter-node stages where the job has several nodes of several ranks,
-    ``hvdcomp.hierarchical``) or 'flat', default ``HVDCOMP_HIERARCHY`` or 'auto'.
+    rank's gradient does, on every rank alike, the state left unchanged: 'propagate' (default; as
+    Horovod's allreduce: NaN for the non-finite tensors, zeros for the others, so AMP's GradScaler
+    skips the step and backs off; rank 0 logs them), 'raise' (``NonFiniteGradientError``;
+    recommended outside mixed precision) or 'skip' (zeros for every tensor); ``seed`` (int >= 0);
+    ``fusion``: 'step' (one batch per step), 'auto' (LayerFusion, ``hvdcomp.bucketing``) or
+    'layerwise' (one bucket per tensor), default ``DEFAULT_FUSION``; ``fusion_cost``: optional
+    ``(latency s, bandwidth B/s)`` of a bucket's reduction for 'auto'; ``min_compress_numel``:
+    tensors with fewer elements are summed uncompressed; ``precondition``: None (default), 'rms',
+    or 'adam' / ``hvdcomp.AdamSettings(...)`` (``hvdcomp.preconditioning``); ``decision``:
+    'measure' (compress only where it makes the step faster), 'compress' or 'pass'
+    (``hvdcomp.decision``), default ``hvdcomp.decision.DEFAULT_MODE``; ``hierarchy``: 'auto' (node
+    stages where several nodes have several ranks, ``hvdcomp.hierarchical``) or 'flat'.
     """
 
     method = "base"
-    # {'intra', 'inter'}: CommStats of the last batch's node stages, where they ran
-    # (hvdcomp.hierarchical; BinSGDM's own), else None
-    last_legs = None
+    last_legs = None  # {'intra', 'inter'}: CommStats of the last batch's node stages, if any
     n_scalars = 0
     follows_adam = True  # precondition=None drives a user's Adam (preconditioning.FollowAdam)
 
@@ -106,9 +103,7 @@ class BatchedCompressor:
         self._fusion_cost = validate.fusion_cost(self._fusion_mode, fusion_cost)
         self._decision_mode = validate.choice(
             "decision", DEFAULT_DECISION if decision is None else decision, DECISIONS)
-        self.hierarchy_mode = validate.choice(
-            "hierarchy", hierarchical.DEFAULT_MODE if hierarchy is None else hierarchy,
-            hierarchical.MODES)
+        self.hierarchy_mode = hierarchical.checked_mode(hierarchy)
         self._start_fresh()
         # Called per tensor: bound once here, not by default_instance.__get__ at every call.
         self.compress, self.decompress = self.compress, self.decompress
@@ -266,13 +261,6 @@ class BatchedCompressor:
                        for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
             self.engine.process(sorted(entries, key=lambda e: e.key))
             return [self.engine.take(e.ticket)[0] for e in entries]
-
-    def node_layout(self):
-        """The node layout of the last compressed batch ('2 node(s) x 2 rank(s)'; with the
-        node stages only where several nodes have several ranks, ``hvdcomp.hierarchical``), or
-        None (none yet, or ``hierarchy='flat'``)."""
-        hier = getattr(self.engine.method, "hierarchy", None)
-        return None if hier is None else hier.describe()
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance

@@ -185,7 +185,8 @@ class Expect:
         return sorted([*tensors, *(t + s for t in tensors for s in self.state_suffixes)])
 
 
-_COMMON_INVALID = (("min_compress_numel", -1), ("on_nonfinite", "ignore"), ("seed", -1))
+_COMMON_INVALID = (("min_compress_numel", -1), ("on_nonfinite", "ignore"), ("seed", -1),
+                   ("hierarchy", "nodes"))
 
 EXPECT = {
     "Marsit": Expect("scaled-sign", 20, invalid=(

@@ -22,14 +22,14 @@ def _per_step(r, key):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", ["marsit", "topk", "sketchfusion", "efsignsgd"])
 def test_every_method_runs_in_node_stages_and_sends_one_shard_per_rank_between_nodes(name):
-    """Ranks bit-identical after every step (train_digits); inside the node each rank sends
-    exactly its float32 reduce-scatter and all-gather (4 bytes per compressed element with 2
-    ranks per node); between the nodes 1-bit methods send about one bit per element per node,
-    and the sparse ones no more than a rank sends in the flat layout."""
+    """Ranks bit-identical after every step (train_digits); inside the node nothing goes through
+    MPI (the exact stages run in the node's shared memory); between the nodes 1-bit methods send
+    about one bit per element per node, and the sparse ones no more than a rank sends in the
+    flat layout."""
     res = train_digits(name, env=NODES, epochs=3)
     for r in res.values():
         assert r["layout"] == "2 node(s) x 2 rank(s)"
-        assert r["legs"]["intra"] == 4 * r["compressed"] > 0
+        assert r["legs"]["intra"] == 0 and r["legs"]["inter"] > 0 and r["compressed"] > 0
     d = res[0]["compressed"]
     node_inter = [res[2 * k]["legs"]["inter"] + res[2 * k + 1]["legs"]["inter"] for k in (0, 1)]
     print(f"{name}: {d} compressed elements, bytes between nodes per node and step "

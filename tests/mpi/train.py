@@ -5,6 +5,7 @@ import sys
 
 import horovod.torch as hvd
 
+from hvdcomp.hierarchical import node_layout
 from report import report
 from torch_common import (build, compression_for, compressor_object, evaluate,
                           load_digits_split, rank_shard, train)
@@ -22,7 +23,7 @@ comp = compressor_object(compression)
 extra = {}
 if getattr(comp, "last_legs", None):  # node stages: bytes per leg of the last step
     extra = dict(legs={k: v.bytes_sent for k, v in comp.last_legs.items()},
-                 layout=comp.node_layout(), elements=comp.last_stats.elements,
+                 layout=node_layout(comp), elements=comp.last_stats.elements,
                  compressed=comp.last_stats.compressed_elements)
 report(rank=hvd.rank(), steps=steps, identical_steps=identical, acc=acc, loss=loss,
        stats=comp.total_stats.as_dict() if comp else None,
