@@ -19,12 +19,11 @@ import time
 import torch
 import horovod.torch as hvd
 
-import hvdcomp
+from hvdcomp import registry
 from report import report_horovod
 
 STEPS, WARMUP, BATCH, WIDTH = 40, 5, 256, 1024
-METHODS = {"none": None, "fp16": "fp16", "Marsit": hvdcomp.Marsit, "EFSignSGD": hvdcomp.EFSignSGD,
-           "TopK": hvdcomp.TopK, "SketchFusion": hvdcomp.SketchFusion, "BinSGDM": hvdcomp.BinSGDM}
+METHODS = {"none": None, "fp16": "fp16", **registry.METHODS}  # every method of the registry
 LR = {"BinSGDM": 0.01}
 
 hvd.init()
