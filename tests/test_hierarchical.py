@@ -81,3 +81,16 @@ def test_a_tensor_the_decision_passes_carries_its_shards_memory():
     assert runs, ours["runs"]
     for r in runs:
         assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
+
+
+@pytest.mark.timeout(500)
+def test_node_stages_under_layerfusion_and_tensorflow():
+    """The stages wrap the method wherever the engine runs it: LayerFusion's buckets (reduced by
+    its worker thread) and TensorFlow's traced step (tape and Keras model.fit); ranks stay
+    bit-identical."""
+    res = train_digits("marsit", env={**NODES, "HVDCOMP_FUSION": "auto"}, epochs=3)
+    assert res[0]["layout"] == "2 node(s) x 2 rank(s)" and res[0]["legs"]["inter"] > 0
+    res = results(run(4, "tf_train.py", "topk", 10, timeout=360, env=NODES))
+    for r in res.values():
+        assert r["eager_identical"] and r["tape_identical"] == r["tape_steps"] > 0
+        assert r["keras_identical"] == r["keras_steps"] > 0
