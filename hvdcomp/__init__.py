@@ -35,7 +35,7 @@ DEFAULT = Marsit
 
 __version__ = "0.1.0"
 __all__ = ["Marsit", "BinSGDM", "TopK", "SketchFusion", "EFSignSGD", "PowerSGD", "DEFAULT",
-           "AdamSettings", "BatchedCompressor", "StepStats", "set_loss_scale", "HvdcompError", "LaunchError",
-           "NonFiniteGradientError", "RankMismatchError", "SetupMismatchError",
+           "AdamSettings", "BatchedCompressor", "StepStats", "set_loss_scale", "HvdcompError",
+           "LaunchError", "NonFiniteGradientError", "RankMismatchError", "SetupMismatchError",
            "UnsupportedOpError", "UnsupportedTensorError", "UnnamedTensorError", "JoinError",
            "UnsupportedOptimizerError"]

@@ -200,7 +200,8 @@ class StepEngine:
 
     def __init__(self, method, store, preconditioner, decision, on_nonfinite):
         self.method, self.store, self.pre = method, store, preconditioner
-        self.carry = getattr(method, "carry", feedback.carry)  # the method's, where it keeps its own
+        # a tensor the decision passes adds its memory (the method's own carry where it has one)
+        self.carry = getattr(method, "carry", feedback.carry)
         self.decision, self.on_nonfinite = decision, on_nonfinite
         self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps

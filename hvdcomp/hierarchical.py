@@ -168,7 +168,8 @@ class Hierarchical:
             batch.ctx.stats.add(moved.bytes_sent, moved.bytes_recv, moved.messages)
         with batch.phase("comm"):
             mem.barrier()  # every shard's result is in
-            out = [_copy_out(e, result[off:off + e.numel]) for e, off in zip(batch.entries, offsets)]
+            out = [_copy_out(e, result[off:off + e.numel])
+                   for e, off in zip(batch.entries, offsets)]
         after = hier.leg_stats()
         self.inner.last_legs = {k: after[k].since(self._legs_before[k]) for k in after}
         return out
