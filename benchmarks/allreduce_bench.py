@@ -60,6 +60,9 @@ def link_tx():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1M,5M,25M")
+    ap.add_argument("--columns", type=int, default=0,
+                    help="shape each gradient (size / columns, columns), a weight matrix as "
+                         "PowerSGD sees one; 0: a vector (PowerSGD then sends it whole)")
     ap.add_argument("--methods", default=",".join(ALL_METHODS))
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
@@ -86,6 +89,8 @@ def main():
     for n in [parse_size(s) for s in args.sizes.split(",")]:
         gen = torch.Generator().manual_seed(1000 + rank)
         grad = torch.randn(n, generator=gen, dtype=torch.float32)
+        if args.columns:
+            grad = grad[:n - n % args.columns].reshape(-1, args.columns)
         for method in args.methods.split(","):
             try:
                 comp = make_compression(method, hvd)
