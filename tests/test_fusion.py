@@ -7,7 +7,7 @@ from hvdcomp import bucketing
 from mpirun import results, run
 
 from conftest import SETTINGS
-from test_training import TOLERANCE_ACC, TOLERANCE_LOSS
+from test_training import EPOCHS, TOLERANCE_ACC, TOLERANCE_LOSS
 
 
 # -- pure helpers ---------------------------------------------------------------------------
@@ -53,14 +53,18 @@ def test_fusion_arguments_are_checked():
 
 
 # -- real ranks -----------------------------------------------------------------------------
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("name", ["marsit-auto", "topk-auto"])
 def test_auto_fusion_trains_like_uncompressed_with_one_plan(uncompressed, name):
-    lr, momentum = SETTINGS[name.replace("-auto", "") + ("-bare" if "topk" in name else "")]
-    res = results(run(4, "fusion_train.py", name, 20, lr, momentum, timeout=300))
+    base = name.replace("-auto", "") + ("-bare" if "topk" in name else "")
+    lr, momentum = SETTINGS[base]
+    # as tests/test_training.py trains it: TopK's default is at 0.906-0.97 after 20 epochs
+    # (rounding, and here the plan's buckets, decide), within the tolerance after 30
+    epochs = EPOCHS.get(base, 20)
+    res = results(run(4, "fusion_train.py", name, epochs, lr, momentum, timeout=360))
     assert sorted(res) == [0, 1, 2, 3]
     for r in res.values():
-        assert r["identical_steps"] == r["steps"] == 220 and r["step"] == 220
+        assert r["identical_steps"] == r["steps"] == 11 * epochs and r["step"] == 11 * epochs
         assert [p["rule"] for p in r["plans"]] == ["fallback", "probe", "dp", "dp"]
         assert r["memory_keys"] == ["0.weight", "2.weight", "4.weight"]
     first = res[0]
