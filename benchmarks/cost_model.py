@@ -5,7 +5,9 @@
 
 a: seconds per sequential message round (latency, a collective's set-up, the wait for the
 slowest rank), b: seconds per (byte / (bytes/s)) on the busiest host link (1.0 would be a link
-used at exactly its shaped rate), c: encode/decode/merge seconds per element. ``rounds`` is the
+used at exactly its shaped rate), c: encode/decode/merge seconds per element on a core of its
+own (fitted on ``elements`` times the run's ranks per core: the emulated ranks share the
+machine's cores; predictions take one core per rank). ``rounds`` is the
 method's count of sequential rounds for the layout (``rounds`` below), ``link_bytes`` what left
 the busiest emulated host on its shaped link per call (kernel counters), ``bandwidth`` the shaped
 rate in bytes/s. Fitted per method (and per variant: ``Marsit@hierarchy=flat`` is fitted apart
@@ -45,6 +47,7 @@ from hvdcomp import registry  # noqa: E402
 ORDER = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
 OWN_STAGES = {m for m, cls in registry.METHODS.items() if getattr(cls, "own_stages", False)}
 PREDICT = ((8, 8), (32, 8))
+CORES = os.cpu_count() or 1  # the machine the records were measured on (run this there)
 
 
 def base(method):
@@ -103,6 +106,12 @@ def layout(r):
     return r["hosts"], r["ranks_per_host"]
 
 
+def sharing(r):
+    """Ranks per core of the run (at least 1): every emulated rank shares this machine's cores,
+    so a rank's per-element work takes that many times longer than on a core of its own."""
+    return max(r["ranks"] / CORES, 1.0)
+
+
 def fit(points):
     """points: (time, rounds, bytes, bandwidth B/s, elements) -> (a, b, c), relative errors."""
     t = np.array([p[0] for p in points])
@@ -124,7 +133,7 @@ def fit_all(recs):
     for m in methods:
         mine = [r for r in recs if r["method"] == m]
         pts = [(r["seconds"], rounds(m, *layout(r)), link_bytes(r), r["rate_bps"] / 8,
-                r["elements"]) for r in mine]
+                r["elements"] * sharing(r)) for r in mine]
         (a, b, c), rel = fit(pts)
         per_law = float(np.median([link_bytes(r) / r["elements"] / traffic_scale(m, *layout(r))
                                    for r in mine]))
