@@ -76,6 +76,19 @@ class CommContext:
         return CommContext(self.comm.Split(color, key), self.stats)
 
 
+def free_at_exit(obj):
+    """Have ``obj`` (a communicator or window hvdcomp made) freed at exit with the others
+    (``_free_all``); returns it."""
+    _communicators.append(obj)
+    return obj
+
+
+def free_now(obj):
+    """Free ``obj`` (given to ``free_at_exit``) now."""
+    _communicators.remove(obj)
+    obj.Free()
+
+
 def _free_all():
     """Free hvdcomp's communicators (and windows) while MPI is still up. Registered at the first
     ``get_context()``, i.e. after Horovod's and mpi4py's own exit handlers, so (exit handlers

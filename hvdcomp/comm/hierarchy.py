@@ -53,7 +53,7 @@ import warnings
 
 import numpy as np
 
-from hvdcomp.comm.context import CommContext
+from hvdcomp.comm.context import CommContext, free_at_exit, free_now
 from hvdcomp.comm.ring import _exchange, chunk_bounds
 from hvdcomp.comm.stats import CommStats
 from hvdcomp.errors import HvdcompError
@@ -302,8 +302,8 @@ class NodeMemory:
     and reads the others' where they lie, instead of sending float32 shards through MPI's
     shared-memory transport (copied in and out of its buffers): 4 ranks on 2 cores spent ~180 ms
     per ResNet-18 step that way. ``usable``: False where the node's ranks do not share memory
-    (e.g. ``HVDCOMP_RANKS_PER_NODE`` grouping ranks of different machines); then the caller uses
-    ``Hierarchy.reduce_scatter``/``allgather``. Collective over ``intra`` where noted."""
+    (e.g. ``HVDCOMP_RANKS_PER_NODE`` grouping ranks of different machines); then
+    ``hvdcomp.hierarchical`` runs the method flat. Collective over ``intra`` where noted."""
 
     def __init__(self, intra):
         from mpi4py import MPI
@@ -318,14 +318,11 @@ class NodeMemory:
         if n <= self.cap:
             return
         from mpi4py import MPI
-        from hvdcomp.comm import context
         if self.win is not None:
-            self.win.Free()
-            context._communicators.remove(self.win)
+            free_now(self.win)
         cap = max(int(n), 2 * self.cap)
         # every rank's part: its input vector, then (local rank 0's only used) the result
-        self.win = MPI.Win.Allocate_shared(2 * cap * 4, 4, comm=self.intra.comm)
-        context._communicators.append(self.win)
+        self.win = free_at_exit(MPI.Win.Allocate_shared(2 * cap * 4, 4, comm=self.intra.comm))
         self.views = []
         for r in range(self.intra.size):
             buf, _ = self.win.Shared_query(r)
