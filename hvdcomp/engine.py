@@ -43,7 +43,7 @@ import numpy as np
 
 from hvdcomp import checks, feedback, kernels, loss_scale, preconditioning
 from hvdcomp.backend import xp
-from hvdcomp.comm import ring_allreduce
+from hvdcomp.comm import mean_allreduce
 from hvdcomp.errors import HvdcompError
 from hvdcomp.stats import StepStats, ring_bytes
 
@@ -463,16 +463,10 @@ def reduce_dense(ctx, entries, phase):
     if not entries:
         return []
     wide = any("float64" in e.dtype_name for e in entries)
-    host = [np.asarray(xp.to_host(e.work), dtype=np.float64 if wide else np.float32)
-            for e in entries]
     with phase("comm"):
-        buf = ring_allreduce(ctx, np.concatenate(host))
-    buf /= ctx.size
-    out, off = [], 0
-    for e in entries:
-        out.append(xp.from_host(buf[off:off + e.numel], e.work))
-        off += e.numel
-    return out
+        means = mean_allreduce(ctx, [xp.to_host(e.work) for e in entries],
+                               np.float64 if wide else np.float32)
+    return [xp.from_host(m, e.work) for m, e in zip(means, entries)]
 
 
 class _Phase:

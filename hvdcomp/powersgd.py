@@ -33,7 +33,7 @@ import numpy as np
 
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
-from hvdcomp.comm import ring_allreduce
+from hvdcomp.comm import mean_allreduce
 from hvdcomp.protocol import BatchedCompressor
 
 Q_STATE = "#q"
@@ -63,20 +63,6 @@ def initial_q(seed, key, m, rank):
     ``(seed, key)``, the same on every rank."""
     rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
     return rng.standard_normal((m, rank)).astype(np.float32)
-
-
-def _fused_mean(ctx, parts):
-    """The mean over ranks of every host array in ``parts``, by one ring all-reduce (float32);
-    returns host arrays shaped like ``parts``."""
-    buf = np.concatenate([np.asarray(p, np.float32).reshape(-1) for p in parts]
-                         or [np.zeros(0, np.float32)])
-    ring_allreduce(ctx, buf)
-    buf /= np.float32(ctx.size)
-    out, off = [], 0
-    for p in parts:
-        out.append(buf[off:off + p.size].reshape(p.shape))
-        off += p.size
-    return out
 
 
 class PowerSGD(BatchedCompressor):
@@ -120,12 +106,12 @@ class PowerSGD(BatchedCompressor):
             ps = [xp.to_host(a @ q) for a, q in zip(mats, qs)]
             whole = [xp.to_host(e.work) for e in batch.entries if not self._low_rank(e)]
         with batch.phase("comm"):
-            means = _fused_mean(batch.ctx, ps + whole)
+            means = mean_allreduce(batch.ctx, ps + whole)
         p_hats = [xp.from_host(orthonormalise(p), a) for p, a in zip(means[:len(low)], mats)]
         with batch.phase("encode"):
             q_new = [xp.to_host(a.T @ p) for a, p in zip(mats, p_hats)]
         with batch.phase("comm"):
-            q_means = _fused_mean(batch.ctx, q_new)
+            q_means = mean_allreduce(batch.ctx, q_new)
         steps, exact = {}, iter(means[len(low):])
         with batch.phase("decode"):
             for e, a, p, q in zip(low, mats, p_hats, q_means):

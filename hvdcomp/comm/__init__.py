@@ -5,7 +5,8 @@ compression method produced them. Methods plug in through a per-hop ``combine`` 
 """
 from hvdcomp.comm.context import (CommContext, existing_context, get_context, world_rank,
                                   world_size)
-from hvdcomp.comm.ring import ring_allreduce, sum_combine
+from hvdcomp.comm.ring import mean_allreduce, ring_allreduce, sum_combine
 from hvdcomp.comm.stats import CommStats
 
-__all__ = ["CommContext", "existing_context", "get_context", "world_rank", "world_size", "ring_allreduce", "sum_combine", "CommStats"]
+__all__ = ["CommContext", "existing_context", "get_context", "world_rank", "world_size",
+           "mean_allreduce", "ring_allreduce", "sum_combine", "CommStats"]

@@ -47,8 +47,7 @@ class CommContext:
     """
 
     def __init__(self, comm, stats=None):
-        _communicators.append(comm)
-        self.comm = comm
+        self.comm = free_at_exit(comm)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.stats = stats if stats is not None else CommStats()

@@ -81,3 +81,18 @@ def ring_allreduce(ctx, buf, combine=sum_combine):
     ctx.stats.add(sent, recv, msgs)
     ctx.stats.seconds += time.perf_counter() - t0
     return buf
+
+
+def mean_allreduce(ctx, arrays, dtype=np.float32):
+    """The mean over ``ctx``'s ranks of each host array in ``arrays`` (the same shapes on every
+    rank), fused into one ``dtype`` buffer and summed by one ring all-reduce: views of that
+    buffer shaped like ``arrays``."""
+    parts = [np.asarray(a, dtype=dtype) for a in arrays]
+    buf = np.concatenate([p.reshape(-1) for p in parts] or [np.zeros(0, dtype)])
+    ring_allreduce(ctx, buf)
+    buf /= ctx.size
+    out, off = [], 0
+    for p in parts:
+        out.append(buf[off:off + p.size].reshape(p.shape))
+        off += p.size
+    return out
