@@ -41,7 +41,6 @@ def train(name, steps, warm=WARM):
         x = torch.randn(64, 512, generator=gen)
         steady = step >= warm
         if steady:
-            tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
         opt.zero_grad()
@@ -50,7 +49,6 @@ def train(name, steps, warm=WARM):
         opt.step()
         if steady:
             peaks.append((tracemalloc.get_traced_memory()[1] - before) / grad_bytes)
-            tracemalloc.stop()
             in_place &= given == [p.grad.data_ptr() for p in big]
     return max(peaks), in_place, digest(model)
 
@@ -72,6 +70,10 @@ def main():
     ap.add_argument("--warm", type=int, default=WARM, help="e.g. 12: past the dense warm-up of "
                     "precondition='adam' (10 steps by default)")
     args = ap.parse_args()
+    # Traced from before Horovod's background thread exists, and never stopped: that thread
+    # releases Torch tensors (creating a Python thread state) after a step returns, and CPython
+    # 3.11's tracemalloc.stop() racing such an allocation segfaults (CPython gh-128679).
+    tracemalloc.start()
     hvd.init()
     out = {}
     for name in args.names:
