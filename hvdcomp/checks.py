@@ -212,20 +212,22 @@ def agree_names(ctx, names, who, what):
 def inner_optimizer(who, setting, found, rank):
     """Raise ``UnsupportedOptimizerError`` where compressor ``who`` (its name) has a ``setting``
     whose result is the optimizer's step itself (it carries its own momentum and normaliser:
-    BinSGDM, ``precondition='adam'``; None: no such setting) and the user's optimizer is not
-    plain SGD without momentum: ``found`` describes it (the adapter's ``optimizer_kind``; None:
-    plain SGD, or one the adapter cannot tell). Every rank checks its own optimizer at its first
-    gradient, before anything is communicated."""
+    BinSGDM, ``precondition='adam'``; None: no such setting) and the user's optimizer is neither
+    plain SGD without momentum nor an Adam/AdamW whose moments hvdcomp sets
+    (``hvdcomp.preconditioning.ThroughAdam``): ``found`` describes it (the adapter's
+    ``optimizer_kind``; None: plain SGD, such an Adam, or one the adapter cannot tell). Every
+    rank checks its own optimizer at its first gradient, before anything is communicated."""
     if setting is None or found is None:
         return
     raise UnsupportedOptimizerError(
         f"{who}: {setting} returns the optimizer's step itself (it carries momentum and a "
         "per-coordinate normaliser), so the optimizer inside hvd.DistributedOptimizer must be "
-        f"plain SGD without momentum, at an Adam-like learning rate; this one is {found}, which "
-        "would apply its own momentum or normalisation on top (training stalls or diverges). "
-        "Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), tf.keras.optimizers.SGD(lr)), "
-        f"or keep your optimizer and compress without {setting} (e.g. "
-        f"compression=hvdcomp.Marsit) (raised on rank {rank})")
+        "plain SGD without momentum at an Adam-like learning rate, or Adam/AdamW (without "
+        f"amsgrad or maximize, beta2 > 0), whose moments hvdcomp then sets; this one is {found}, "
+        "which would apply its own momentum or normalisation on top (training stalls or "
+        "diverges). Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), "
+        "tf.keras.optimizers.SGD(lr)) or Adam, or keep your optimizer and compress without "
+        f"{setting} (e.g. compression=hvdcomp.Marsit) (raised on rank {rank})")
 
 
 def _differences(lists, size):

@@ -65,8 +65,9 @@ class Ownership:
             self.last_checked = weakref.ref(optimizer)
             return
         kind = getattr(adapter, "optimizer_kind", None)
-        checks.inner_optimizer(self.who.method, self.who.returns_step(),
-                               kind(optimizer) if kind is not None else None, world_rank())
+        drivable = getattr(adapter, "drivable_adam", None)  # preconditioning.ThroughAdam's
+        found = None if kind is None or (drivable and drivable(optimizer)) else kind(optimizer)
+        checks.inner_optimizer(self.who.method, self.who.returns_step(), found, world_rank())
         names = adapter.parameter_names(optimizer)
         if names is not None:
             checks.agree_names(context(), names, self.who.method,

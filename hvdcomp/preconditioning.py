@@ -18,6 +18,10 @@ step leaves it as it was.
 - ``'adam'`` / ``hvdcomp.AdamSettings(...)`` (``Adam``, math in ``hvdcomp.algorithms.adam``): the
   compressor carries Adam, sends each rank's momentum after a dense warm-up and returns Adam's
   step direction (for a plain-SGD inner optimizer at Adam's learning rate).
+
+``ThroughAdam`` wraps the preconditioner of every compressor whose result is the step itself
+(``precondition='adam'``, BinSGDM): under the user's Adam/AdamW it sets Adam's moments so that
+Adam's own update applies that step at the user's learning rate.
 """
 from hvdcomp import checks
 from hvdcomp.algorithms import adam
@@ -174,6 +178,63 @@ class Adam(Identity):
                 reduced[e.key], new_state = adam.update(state, like, e.dense, self.adam,
                                                         out=buffers)
                 store.put(key, new_state)
+
+
+class ThroughAdam:
+    """``inner`` (the preconditioner of a compressor whose result ``u`` is the step itself:
+    ``precondition='adam'``, or ``Identity`` for BinSGDM) made to work under the user's own
+    ``torch.optim.Adam``/``AdamW`` or Keras ``Adam``/``AdamW`` too, instead of plain SGD only.
+
+    Why: such a compressor already is an Adam-like optimizer (``u`` has Adam's per-coordinate
+    normalisation: BinSGDM's mean vote in [-1, 1], or Adam's step direction); the user's Adam,
+    fed ``u`` as a gradient, would normalise it again (training stalls or diverges). So as the
+    step lands, for each tensor whose optimizer is Adam (``Entry.adam``), the moments Adam is
+    about to update are set so that its update is exactly ``lr * u``: with ``t`` Adam's step
+    count after this step, ``bc1 = 1 - b1**t``, ``bc2 = 1 - b2**t``, first moment ``u`` and
+    second moment ``(bc2 / bc1**2 - (1 - b2) u**2) / b2``, Adam's own rules give ``m = u`` and
+    ``sqrt(v / bc2) = 1 / bc1``, so its update is ``lr u / (1 + eps bc1)`` (torch; Keras's eps,
+    added to ``sqrt(v)``, is as small). The user's learning rate, schedule and (decoupled)
+    weight decay apply as usual; Adam's betas are unused (the compressor's own momentum and
+    normaliser stand for them). Nothing is sent for it and hvdcomp keeps no state for it (Adam's
+    moments stay in the user's optimizer and its checkpoints). Where Adam has no state yet
+    (torch's Adam creates it at its first step) nothing is set, and that first update is
+    Adam's own on ``u``: ``lr * sign(u)``, still at most ``lr`` per coordinate. Other optimizers
+    are refused at the first step (``hvdcomp.checks.inner_optimizer``) unless plain SGD, and so
+    is an Adam whose moments cannot be set so (``amsgrad``, ``maximize``, ``beta2 = 0``: the
+    adapters' ``drivable_adam``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name, self.adam, self.returns_step = inner.name, inner.adam, inner.returns_step
+        self._landing = []  # (the user's Adam moments, the step u), written at land()
+
+    def makes_dense(self, entry, store):
+        return self.inner.makes_dense(entry, store)
+
+    def before(self, entries, store):
+        self.inner.before(entries, store)
+
+    def after(self, entries, reduced, store, phase):
+        self.inner.after(entries, reduced, store, phase)
+        for e in entries:
+            if e.adam is not None and e.status == checks.OK:
+                kept = store.scratch(f"{e.key}#u", reduced[e.key])
+                self._landing.append((e.adam, xp.add(reduced[e.key], 0.0, out=kept)))
+
+    def land(self):
+        self.inner.land()
+        for moments, u in self._landing:
+            if not moments.started():
+                continue  # no state yet (see above)
+            t, b1, b2 = moments.steps() + 1, moments.beta1, moments.beta2
+            target = (1.0 - b2 ** t) / (1.0 - b1 ** t) ** 2
+            moments.set_exp_avg(u)
+            moments.set_exp_avg_sq((target - (1.0 - b2) * u * u) / b2)
+        self._landing = []
+
+    def drop(self):
+        self.inner.drop()
+        self._landing = []
 
 
 def make(spec, follow_adam=True):

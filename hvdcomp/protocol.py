@@ -95,6 +95,8 @@ class BatchedCompressor:
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
         self.preconditioner = preconditioning.make(precondition, self.follows_adam)
+        if self.returns_step() is not None:  # its result is the step: under Adam, Adam applies it
+            self.preconditioner = preconditioning.ThroughAdam(self.preconditioner)
         self._pending, self._pending_keys = [], set()
         self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()

@@ -94,15 +94,16 @@ def test_batch_op_runs_only_where_horovod_reduces():
 
 @pytest.mark.timeout(200)
 def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_add_their_own():
-    """BinSGDM and precondition='adam' under Keras Adam, AdamW (also the legacy Adam) or SGD
-    with momentum: UnsupportedOptimizerError on every rank at the first step, naming the setting
-    and the Keras optimizer (before: BinSGDM under Keras Adam trained silently to 0.85-0.90
-    accuracy where uncompressed Adam reaches 0.985). Under plain Keras SGD it trains."""
+    """BinSGDM and precondition='adam' under Keras SGD with momentum, an AdamW with amsgrad or
+    the legacy Adam (whose moments hvdcomp cannot set): UnsupportedOptimizerError on every rank
+    at the first step, naming the setting and the Keras optimizer (before: BinSGDM under Keras
+    Adam trained silently to 0.85-0.90 accuracy where uncompressed Adam reaches 0.985). Under
+    plain Keras SGD, Adam and AdamW they train, the ranks identical."""
     res = results(run(2, "tf_misuse.py", timeout=150))
     assert sorted(res) == [0, 1]
-    refused = {"binsgdm+adam": ("BinSGDM", "tf.keras.optimizers.Adam"),
-               "binsgdm+sgd-momentum": ("BinSGDM", "tf.keras.optimizers.SGD with momentum=0.9"),
-               "adam-precondition+adamw": ("precondition='adam'", "tf.keras.optimizers.AdamW"),
+    refused = {"binsgdm+sgd-momentum": ("BinSGDM", "tf.keras.optimizers.SGD with momentum=0.9"),
+               "adam-precondition+adamw-amsgrad": ("precondition='adam'",
+                                                   "tf.keras.optimizers.AdamW"),
                "binsgdm+legacy-adam": ("BinSGDM", "tf.keras.optimizers.Adam")}
     for rank, r in res.items():
         for case, (setting, optimizer) in refused.items():
@@ -110,7 +111,25 @@ def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_a
             assert error and "UnsupportedOptimizerError" in error, (case, error)
             assert setting in error and f"this one is {optimizer}," in error, (case, error)
             assert f"(raised on rank {rank})" in error, error
-        assert r["binsgdm+sgd"] == {"error": None, "identical": True}, r["binsgdm+sgd"]
+        for case in ("binsgdm+sgd", "binsgdm+adam", "adam-precondition+adamw"):
+            assert r[case] == {"error": None, "identical": True}, (case, r[case])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name", ["binsgdm", "marsit-adam"])
+def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_keras_adam(name):
+    """BinSGDM and precondition='adam' under the user's Keras Adam in model.fit (issue 30;
+    before: refused): hvdcomp sets Keras's moments in the traced step so that Keras's update is
+    its learning rate times the compressor's step (``preconditioning.ThroughAdam``): the first
+    moment after the step is that step, and the kernel moved by lr times it, to float rounding.
+    Ranks bit-identical; it trains."""
+    res = results(run(2, "tf_adam.py", name, timeout=150))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        log = r["log"]
+        assert len(log) == 24 and all(step["identical"] for step in log)
+        assert max(step["update_is_lr_m"] for step in log) < 1e-3, log
+        assert sum(s["loss"] for s in log[-5:]) < sum(s["loss"] for s in log[:5]) - 0.2
 
 
 @pytest.mark.timeout(200)

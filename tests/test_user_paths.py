@@ -98,22 +98,24 @@ def test_parameters_without_gradients_do_not_move(absent, name):
 
 @pytest.mark.timeout(300)
 def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank():
-    """precondition='adam' and BinSGDM return the step itself: under SGD with momentum, Adam or
-    AdamW they raise UnsupportedOptimizerError at the first step, on every rank, naming the
-    setting, the optimizer and the rank (before: a silent collapse); plain SGD trains. Ranks
-    that tell different loss scales are refused too."""
+    """precondition='adam' and BinSGDM return the step itself: under SGD with momentum, or an Adam
+    whose moments hvdcomp cannot set (amsgrad), they raise UnsupportedOptimizerError at the first
+    step, on every rank, naming the setting, the optimizer and the rank (before: a silent
+    collapse); plain SGD, Adam and AdamW train. Ranks that tell different loss scales are
+    refused too."""
     refused = {"adam-precondition+sgd-momentum": ("precondition='adam'",
                                                   "torch.optim.SGD with momentum=0.9"),
-               "adam-precondition+adamw": ("precondition='adam'", "torch.optim.AdamW"),
+               "adam-precondition+adamw-amsgrad": ("precondition='adam'", "torch.optim.AdamW"),
                "binsgdm+sgd-momentum": ("BinSGDM", "torch.optim.SGD with momentum=0.9"),
-               "binsgdm+adam": ("BinSGDM", "torch.optim.Adam")}
+               "binsgdm+adam-amsgrad": ("BinSGDM", "torch.optim.Adam")}
     for rank, r in case("misuse").items():
         for what, (setting, optimizer) in refused.items():
             msg = r[what]
             assert msg and msg.startswith("UnsupportedOptimizerError: "), (what, msg)
             assert setting in msg and f"this one is {optimizer}," in msg, msg
             assert msg.endswith(f"(raised on rank {rank})")
-        assert r["adam-precondition+sgd"] is None and r["binsgdm+sgd"] is None
+        assert all(r[ok] is None for ok in ("adam-precondition+sgd", "binsgdm+sgd",
+                                             "adam-precondition+adamw", "binsgdm+adam")), r
         msg = r["different_scales"]  # and ranks at different loss scales
         assert msg and msg.startswith("SetupMismatchError: Marsit: ranks reduce step 0 at "
                                       "different loss scales (rank 0: 2, rank 1: 4)"), msg
@@ -142,6 +144,28 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
         sent = [s["bytes_sent"] / s["compressed"] for r in ranks.values() for s in r["log"][10:]]
         density = sum(sent) / len(sent) / 8
         assert density > 0.05 if name == "topk-defaults" else density < 0.03, density
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["binsgdm", "marsit-adam"])
+def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_adamw_at_its_rate(name):
+    """BinSGDM and precondition='adam' return the step itself (each is an Adam-like optimizer):
+    under the user's AdamW, unchanged, hvdcomp sets AdamW's moments as the step lands so that
+    AdamW's own update is its learning rate times that step, plus its decoupled weight decay
+    (``preconditioning.ThroughAdam``; before: refused). From AdamW's second step on (its state
+    exists) the update matches to float rounding; every step is compressed from the first
+    (BinSGDM) or after precondition='adam''s own dense warm-up; ranks bit-identical, resume
+    bit-identical, and it trains."""
+    ranks = case("adamw", name)
+    for r in ranks.values():
+        log = r["log"]
+        assert all(step["identical"] for step in log)
+        warm = 0 if name == "binsgdm" else 10
+        assert [step["compressed"] > 0 for step in log] == [False] * warm + [True] * (30 - warm)
+        assert max(step["update_is_lr_grad"] for step in log[1:]) < 1e-3, log
+        assert r["resumed_equal"]
+        first, last = (sum(s["loss"] for s in log[i:i + 5]) / 5 for i in (0, 25))
+        assert last < first - 0.3, (first, last)  # it trains
 
 
 def test_set_loss_scale_takes_a_finite_positive_number_or_none():

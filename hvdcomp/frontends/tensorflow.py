@@ -230,25 +230,37 @@ def keras_adam(optimizer):
     base = _keras_class(optimizer)
     if base is None or base.__name__ not in ("Adam", "AdamW") or ".legacy." in base.__module__:
         return None
-    if getattr(optimizer, "amsgrad", False) or not isinstance(getattr(optimizer, "beta_1", None),
-                                                              (int, float)):
+    if getattr(optimizer, "amsgrad", False) or not all(
+            isinstance(getattr(optimizer, beta, None), (int, float)) for beta in ("beta_1", "beta_2")):
         return None
     return optimizer
 
 
-class KerasAdamMoments:
-    """One variable's Keras Adam first moment as ``FollowAdam`` reads and drives it, for one step:
-    its value ``m`` and the optimizer's step count, read in the graph before the step's
-    reduction; ``momentum()`` is what the graph assigns to the moment after it (the synchronised
-    momentum where it landed, else ``m`` unchanged), ordered before Keras's own update reads it.
-    Keras's update then keeps it (``m + (M - m)(1 - b1) = M`` with ``m = M``)."""
-    __slots__ = ("m", "beta1", "step", "landed")
+def drivable_adam(optimizer):
+    """Whether ``optimizer`` is a Keras Adam/AdamW whose moments hvdcomp can set
+    (``keras_adam``, with ``beta_2 > 0``: ``hvdcomp.preconditioning.ThroughAdam``)."""
+    return keras_adam(optimizer) is not None and optimizer.beta_2 > 0
 
-    def __init__(self, m, beta1, step):
-        self.m, self.beta1, self.step, self.landed = m, float(beta1), int(step), None
+
+class KerasAdamMoments:
+    """One variable's Keras Adam moments as ``FollowAdam`` and ``ThroughAdam`` read and drive
+    them, for one step: its first and second moments ``m``, ``v`` and the optimizer's step count,
+    read in the graph before the step's reduction; ``momentum()`` and ``second()`` are what the
+    graph assigns to the moments after it (what landed, else the values read), ordered before
+    Keras's own update reads them. Keras's update then keeps a landed first moment
+    (``m + (M - m)(1 - b1) = M`` with ``m = M``)."""
+    __slots__ = ("m", "v", "beta1", "beta2", "step", "landed", "landed_v")
+
+    def __init__(self, m, v, betas, step):
+        self.m, self.v, self.step = m, v, int(step)
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.landed = self.landed_v = None
 
     def steps(self):
         return self.step
+
+    def started(self):
+        return True  # Keras builds its moments (zeros) before the first step
 
     def exp_avg(self, like):
         return self.m
@@ -256,8 +268,14 @@ class KerasAdamMoments:
     def set_exp_avg(self, momentum):
         self.landed = np.array(momentum, dtype=np.float32).reshape(-1)
 
+    def set_exp_avg_sq(self, second):
+        self.landed_v = np.array(second, dtype=np.float32).reshape(-1)
+
     def momentum(self):
         return self.m if self.landed is None else self.landed
+
+    def second(self):
+        return self.v if self.landed_v is None else self.landed_v
 
 
 def placeholder(tensor, values):
@@ -310,9 +328,10 @@ class StepBatch:
         # where every rank is (the step op may run on a process set's ranks only).
         checks.context(compressor.method)
         self.compressor, self.call, self.process_set = compressor, call, process_set
-        follows = isinstance(compressor.preconditioner, preconditioning.FollowAdam)
-        self.adam = keras_adam(optimizer) if follows else None
-        self.moments = []  # (index in keys, the Keras Adam moment variable), see step_op
+        drives = isinstance(compressor.preconditioner,
+                            (preconditioning.FollowAdam, preconditioning.ThroughAdam))
+        self.adam = keras_adam(optimizer) if drives else None
+        self.moments = []  # (index in keys, Keras Adam's first and second moment), see step_op
         # compress() is traced inside Horovod's tf.cond around the gradient: the graph around
         # that cond is where allreduce_grads runs (e.g. inside backward_passes_per_step's
         # aggregation cond, so the step op runs only on the steps that reduce).
@@ -356,10 +375,10 @@ class StepBatch:
         return self._step
 
     def _reduce_following_adam(self):
-        """The step op where the user's Keras Adam owns the gradients: its first moments and
-        step count are read before the reduction and passed to it (``KerasAdamMoments``), and
-        the moments it returns are assigned after it, so that Keras's update (traced later in
-        the same function: tf.function orders the ops on one variable as written) reads them."""
+        """The step op where the user's Keras Adam owns the gradients: its moments and step
+        count are read before the reduction and passed to it (``KerasAdamMoments``), and the
+        moments it returns are assigned after it, so that Keras's update (traced later in the
+        same function: tf.function orders the ops on one variable as written) reads them."""
         opt = self.adam
         with tf.init_scope():  # as Keras's apply_gradients does, with the same variables
             opt.build(list(self.call.vars))
@@ -367,13 +386,14 @@ class StepBatch:
         for i, key in enumerate(self.keys):
             slot = opt._index_dict.get(opt._var_key(by_key[key]))
             if slot is not None and opt._momentums[slot].dtype == tf.float32:
-                self.moments.append((i, opt._momentums[slot]))
+                self.moments.append((i, opt._momentums[slot], opt._velocities[slot]))
+        variables = [var for _, m, v in self.moments for var in (m, v)]
         values = [_working(self.tensors[k]) for k in self.keys]
-        values += [m.read_value() for _, m in self.moments] + [tf.identity(opt.iterations)]
-        out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(
-            self.moments), stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
-        assigns = [m.assign(tf.reshape(new, tf.shape(m))) for (_, m), new in
-                   zip(self.moments, out[1:])]
+        values += [var.read_value() for var in variables] + [tf.identity(opt.iterations)]
+        out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(variables),
+                                stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
+        assigns = [var.assign(tf.reshape(new, tf.shape(var)))
+                   for var, new in zip(variables, out[1:])]
         with tf.control_dependencies(assigns):
             return tf.identity(out[0])
 
@@ -382,13 +402,16 @@ class StepBatch:
         grads, adam = values[:len(self.keys)], None
         if len(values) > len(self.keys):  # _reduce_following_adam: moments, then the step count
             adam = [None] * len(self.keys)
-            for (i, _), m in zip(self.moments, values[len(self.keys):-1]):
-                adam[i] = KerasAdamMoments(m.reshape(-1), self.adam.beta_1, values[-1])
+            read = values[len(self.keys):-1]
+            for j, (i, _, _) in enumerate(self.moments):
+                adam[i] = KerasAdamMoments(read[2 * j].reshape(-1), read[2 * j + 1].reshape(-1),
+                                           (self.adam.beta_1, self.adam.beta_2), values[-1])
         flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam)
         self.results = dict(zip(self.keys, flats))
         if adam is None:
             return np.int64(len(flats))
-        return [np.int64(len(flats))] + [adam[i].momentum() for i, _ in self.moments]
+        return [np.int64(len(flats))] + [moment for i, _, _ in self.moments
+                                         for moment in (adam[i].momentum(), adam[i].second())]
 
     def take(self, key, step, reduced_placeholder):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op

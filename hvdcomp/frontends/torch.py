@@ -149,11 +149,15 @@ def optimizer_kind(optimizer):
 class AdamMoments:
     """The moments a user's ``torch.optim.Adam``/``AdamW`` keeps for one parameter (its
     ``optimizer.state[p]``, filled by the optimizer's first step), as
-    ``hvdcomp.preconditioning.FollowAdam`` reads and drives them."""
-    __slots__ = ("state", "beta1")
+    ``hvdcomp.preconditioning.FollowAdam`` and ``ThroughAdam`` read and drive them."""
+    __slots__ = ("state", "beta1", "beta2")
 
-    def __init__(self, state, beta1):
-        self.state, self.beta1 = state, float(beta1)
+    def __init__(self, state, betas):
+        self.state, self.beta1, self.beta2 = state, float(betas[0]), float(betas[1])
+
+    def started(self):
+        """Whether the optimizer has created its state (at its first step)."""
+        return "exp_avg" in self.state
 
     def steps(self):
         """The steps the optimizer has taken on the parameter (the same on every rank)."""
@@ -169,8 +173,15 @@ class AdamMoments:
 
     def set_exp_avg(self, momentum):
         """Make ``momentum`` (flat, NumPy or a tensor) the first moment."""
-        exp_avg = self.state["exp_avg"]
-        exp_avg.view(-1).copy_(torch.as_tensor(momentum).to(exp_avg.device, exp_avg.dtype))
+        _copy_flat(self.state["exp_avg"], momentum)
+
+    def set_exp_avg_sq(self, second):
+        """Make ``second`` (flat, NumPy or a tensor) the second moment."""
+        _copy_flat(self.state["exp_avg_sq"], second)
+
+
+def _copy_flat(moment, values):
+    moment.view(-1).copy_(torch.as_tensor(values).to(moment.device, moment.dtype))
 
 
 def adam_moments(identity):
@@ -186,7 +197,16 @@ def adam_moments(identity):
     group = groups.get(id(identity.owner))
     if group is None or group.get("amsgrad") or group.get("maximize"):
         return None
-    return AdamMoments(opt.state[identity.owner], group["betas"][0])
+    return AdamMoments(opt.state[identity.owner], group["betas"])
+
+
+def drivable_adam(optimizer):
+    """Whether ``optimizer`` is ``torch.optim.Adam``/``AdamW`` whose moments hvdcomp can set
+    (``hvdcomp.preconditioning.ThroughAdam``): no group with ``amsgrad``, ``maximize`` or
+    ``beta2 = 0``."""
+    return isinstance(optimizer, _ADAM_CLASSES) and not any(
+        g.get("amsgrad") or g.get("maximize") or float(g["betas"][1]) == 0.0
+        for g in optimizer.param_groups)
 
 
 _ADAM_CLASSES = (torch.optim.Adam, torch.optim.AdamW)

@@ -2,7 +2,8 @@
 Keras ``DistributedOptimizer`` with compressor ``argv[1]`` (tests/variants.py). Reports, per
 training step: whether hvdcomp compressed (``last_stats``), the first Dense kernel's Adam
 moments ``m``/``v`` before and after as summaries that let the test check Keras's second-moment
-update against the synchronised momentum, the loss, and whether the weights are identical
+update against the synchronised momentum (or, for a compressor whose result is the step, that
+Keras's update is its rate times that step), the loss, and whether the weights are identical
 across ranks."""
 import hashlib
 import os
@@ -42,6 +43,7 @@ def moments():
 class Record(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         self.before = moments()
+        self.kernel = model.layers[0].kernel.numpy().copy()
 
     def on_train_batch_end(self, batch, logs=None):
         m, v = moments()
@@ -54,6 +56,9 @@ class Record(tf.keras.callbacks.Callback):
             # Keras: v' = v + (g^2 - v)(1 - b2); driven, g is the synchronised momentum m'
             expected = self.before[1] + (m * m - self.before[1]) * (1 - 0.999)
             entry["v_follows_m"] = bool(np.allclose(v, expected, rtol=1e-4, atol=1e-12))
+        # the step itself (preconditioning.ThroughAdam): m is it, and Keras's update is lr * m
+        moved = self.kernel - model.layers[0].kernel.numpy()
+        entry["update_is_lr_m"] = float(np.abs(moved - 3e-3 * m).max() / (3e-3 * np.abs(m).max()))
         log.append(entry)
 
 

@@ -1,7 +1,8 @@
 """Rank script (2 ranks): Keras ``model.fit`` through Horovod's Keras ``DistributedOptimizer``
 with settings that return the optimizer's step itself (BinSGDM, ``precondition='adam'``) under
-Keras optimizers that apply their own momentum or normalisation. Reports, per case, the error
-raised (type name and message) or None, and for the accepted case whether the weights are
+Keras optimizers that apply their own momentum or normalisation, and under Keras Adam/AdamW
+(which apply that step: ``hvdcomp.preconditioning.ThroughAdam``). Reports, per case, the error
+raised (type name and message) or None, and for the accepted cases whether the weights are
 identical across ranks."""
 import hashlib
 
@@ -17,12 +18,14 @@ from report import report  # noqa: E402
 
 hvdk.init()
 CASES = {
-    "binsgdm+adam": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.Adam(1e-3)),
     "binsgdm+sgd-momentum": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.SGD(1e-3, momentum=0.9)),
-    "adam-precondition+adamw": (lambda: hvdcomp.Marsit(precondition="adam"),
-                                lambda: tf.keras.optimizers.AdamW(1e-3)),
+    "adam-precondition+adamw-amsgrad": (lambda: hvdcomp.Marsit(precondition="adam"),
+                                        lambda: tf.keras.optimizers.AdamW(1e-3, amsgrad=True)),
     "binsgdm+legacy-adam": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.legacy.Adam(1e-3)),
     "binsgdm+sgd": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.SGD(1e-3)),
+    "binsgdm+adam": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.Adam(1e-3)),
+    "adam-precondition+adamw": (lambda: hvdcomp.Marsit(precondition="adam"),
+                                lambda: tf.keras.optimizers.AdamW(1e-3)),
 }
 rng = np.random.default_rng(hvdk.rank())
 x, y = rng.normal(size=(64, 16)).astype(np.float32), rng.integers(0, 4, 64)

@@ -14,10 +14,12 @@ case per run (``argv[1]``; ``argv[2:]``: the compressions, test names of tests/v
 - absent: parameters without gradients: layer '0' frozen (requires_grad_(False)) after 6
   steps, then unfrozen; a head ('head_b') that every rank uses only every 3rd step. Under plain
   SGD neither moves while it has no gradient; the frozen layer's error memory waits.
-- adamw: the user's AdamW kept (issue 30): the compressor drives its momentum; resume.
+- adamw: the user's AdamW kept (issue 30): the compressor drives its momentum (or, where its
+  result is the step itself: BinSGDM, precondition='adam', AdamW applies that step at its
+  rate); resume.
 - misuse: settings that cannot work with the optimizer (precondition='adam' and BinSGDM under
-  SGD with momentum, Adam, AdamW) raise UnsupportedOptimizerError on every rank at the first
-  step; plain SGD trains.
+  SGD with momentum, or under an Adam with amsgrad) raise UnsupportedOptimizerError on every
+  rank at the first step; plain SGD and Adam/AdamW train.
 """
 import sys
 import time
@@ -44,7 +46,8 @@ def model_and_opt(compression, lr=0.02, momentum=0.0, optimizer=torch.optim.SGD,
     model = model or torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                          torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                          torch.nn.Linear(64, 10))
-    kwargs = {"lr": lr} if optimizer is not torch.optim.SGD else {"lr": lr, "momentum": momentum}
+    kwargs = ({"lr": lr, "momentum": momentum} if optimizer is torch.optim.SGD
+              else {"lr": lr, "amsgrad": momentum == "amsgrad"})  # Adam: amsgrad where asked
     opt = hvd.DistributedOptimizer(optimizer(model.parameters(), **kwargs),
                                    named_parameters=model.named_parameters(),
                                    compression=compression)
@@ -218,11 +221,14 @@ def case_misuse():
     combos = {
         "adam-precondition+sgd-momentum": (hvdcomp.Marsit(precondition="adam"),
                                            torch.optim.SGD, 0.9),
-        "adam-precondition+adamw": (hvdcomp.TopK(precondition="adam"), torch.optim.AdamW, 0),
+        "adam-precondition+adamw-amsgrad": (hvdcomp.TopK(precondition="adam"),
+                                            torch.optim.AdamW, "amsgrad"),
         "binsgdm+sgd-momentum": (hvdcomp.BinSGDM(), torch.optim.SGD, 0.9),
-        "binsgdm+adam": (hvdcomp.BinSGDM(), torch.optim.Adam, 0),
+        "binsgdm+adam-amsgrad": (hvdcomp.BinSGDM(), torch.optim.Adam, "amsgrad"),
         "adam-precondition+sgd": (hvdcomp.Marsit(precondition="adam"), torch.optim.SGD, 0.0),
         "binsgdm+sgd": (hvdcomp.BinSGDM(), torch.optim.SGD, 0.0),
+        "adam-precondition+adamw": (hvdcomp.TopK(precondition="adam"), torch.optim.AdamW, 0),
+        "binsgdm+adam": (hvdcomp.BinSGDM(), torch.optim.Adam, 0),
     }
     for what, (comp, optimizer, momentum) in combos.items():
         model, opt = model_and_opt(comp, lr=0.002, momentum=momentum, optimizer=optimizer)
@@ -250,8 +256,9 @@ def case_misuse():
 def case_adamw():
     """The user's torch.optim.AdamW, unchanged, with ``argv[2]``: after Adam's 10 dense warm-up
     steps the compressor sends each rank's momentum, and the gradient AdamW receives is the
-    synchronised momentum, which AdamW's own update keeps as its exp_avg; a checkpoint at step
-    15 resumes bit-identically."""
+    synchronised momentum, which AdamW's own update keeps as its exp_avg (where the result is
+    the step itself, BinSGDM or precondition='adam', AdamW's update is lr times it); a
+    checkpoint at step 15 resumes bit-identically."""
     name = NAMES[0]
 
     def build():
@@ -270,11 +277,17 @@ def case_adamw():
             opt.zero_grad()
             loss = loss_of(model, step)
             loss.backward()
+            w = model[0].weight
+            before = w.detach().clone()
             opt.step()
             if log is not None:
-                w = model[0].weight
+                # the update AdamW applied, its decoupled weight decay taken out, in units of
+                # lr times the gradient it was given (the compressor's result)
+                moved = before * (1 - 3e-3 * 0.01) - w.detach()
                 log.append({"step": step, "loss": float(loss.detach()),
                             "exp_avg_is_grad": bool(torch.equal(opt.state[w]["exp_avg"], w.grad)),
+                            "update_is_lr_grad": float((moved - 3e-3 * w.grad).abs().max()
+                                                       / (3e-3 * w.grad.abs().max())),
                             "compressed": comp.last_stats.compressed_elements,
                             "bytes_sent": comp.last_stats.bytes_sent,
                             "identical": identical_across_ranks(model)})
