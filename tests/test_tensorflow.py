@@ -133,7 +133,7 @@ def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_keras_ada
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["marsit", "topk-defaults"])
+@pytest.mark.parametrize("name", ["marsit", "topk-defaults", "efsignsgd"])
 def test_the_users_keras_adam_is_kept_and_driven_by_the_synchronised_momentum(name):
     """Keras model.fit with the user's Adam, unchanged (issue 30): after Adam's 10 dense warm-up
     steps each rank sends its momentum, and Keras's Adam keeps the synchronised one as its first

@@ -122,7 +122,7 @@ def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["marsit", "topk", "topk-defaults"])
+@pytest.mark.parametrize("name", ["marsit", "topk", "topk-defaults", "efsignsgd"])
 def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
     """The user's torch.optim.AdamW, unchanged, with the class's defaults (issue 30): for Adam's
     first 10 steps the gradient goes uncompressed; then each rank sends its momentum, and the
