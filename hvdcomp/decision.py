@@ -131,11 +131,13 @@ class Decision:
         self._done, self._start = (self._start, typical), None
         self.mark()
 
-    def observe(self, window, numels, speak=False):
+    def observe(self, window, numels, speak=False, steps=1):
         """Take the previous step's agreed exchange ``window`` (the slowest rank's, in
         seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
         ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
-        ``speak``: log a new choice (rank 0). The new threshold applies from the next step."""
+        ``speak``: log a new choice (rank 0); ``steps``: the steps since the last observation
+        (more than 1 after quiet steps, ``hvdcomp.engine.StepEngine._quiet``: they count toward
+        ``revisit``). The new threshold applies from the next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel)
         if self.phase == "fixed" or window == 0:
@@ -144,7 +146,7 @@ class Decision:
             if self.phase == "probe":
                 self.windows, self.seen = [], 0
             return
-        self.seen += 1
+        self.seen += steps if self.phase == "hold" else 1
         if self.phase == "hold":
             self._hold(window, speak)
         elif self.seen > self.settle:
@@ -189,6 +191,10 @@ class Decision:
             # The chosen candidate, in force, is probed first; it stays unless another wins.
             self.medians, self.spreads, self.windows, self.seen = {}, {}, [], 0
             self.phase = "probe"
+
+    def passes_all(self):
+        """Whether every tensor is passed, and stays so until the next observation."""
+        return self.threshold == NEVER and self.phase in ("hold", "fixed")
 
     def describe(self):
         """One line: the mode, phase and what is compressed."""

@@ -144,3 +144,21 @@ def test_tensorflow_tape_and_keras_decide_alike_on_every_rank():
             assert d["threshold"] in d["candidates"] and len(d["candidates"]) == 2, d  # no middle
     assert res[0]["tape_decision"] == res[1]["tape_decision"]
     assert res[0]["keras_decision"] == res[1]["keras_decision"]
+
+
+@pytest.mark.timeout(200)
+def test_where_every_tensor_is_passed_hvdcomp_agrees_every_16th_step_only():
+    """Quiet steps: with every tensor left to Horovod's own allreduce (decision='pass', NaN
+    propagated), hvdcomp's agreement all-gather runs on every 16th step only (one collective per
+    step after Horovod's cost about as much as Horovod's whole allreduce of a small model), and
+    the training is bit-identical to Horovod's Compression.none; with on_nonfinite='skip'
+    hvdcomp must see every step's statuses, so it agrees at every step."""
+    res = results(run(2, "quiet_steps.py", timeout=150))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        assert all(r[name]["identical"] == 40 for name in ("none", "pass", "pass-skip"))
+        assert r["pass"]["digest"] == r["none"]["digest"] == r["pass-skip"]["digest"]
+        agreed = [step for step, sent in enumerate(r["pass"]["sent"]) if sent > 0]
+        assert agreed == [0, 16, 32], r["pass"]["sent"]
+        assert all(sent > 0 for sent in r["pass-skip"]["sent"]), r["pass-skip"]["sent"]
+    assert res[0]["pass"]["digest"] == res[1]["pass"]["digest"]

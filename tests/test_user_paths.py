@@ -122,7 +122,8 @@ def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["marsit", "topk", "topk-defaults", "efsignsgd"])
+@pytest.mark.parametrize("name", ["marsit", "topk", "topk-defaults", "efsignsgd",
+                                  "sketchfusion"])
 def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
     """The user's torch.optim.AdamW, unchanged, with the class's defaults (issue 30): for Adam's
     first 10 steps the gradient goes uncompressed; then each rank sends its momentum, and the
@@ -130,7 +131,8 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
     its exp_avg (before: AdamW took the compressed gradient, 20-29% worse on charlm). Ranks stay
     bit-identical and a checkpoint at step 15 resumes bit-identically. TopK with its defaults sends
     the momentum at its default ``momentum_ratio`` (10%), not a gradient's 1%; a ``ratio`` given
-    (the variant 'topk': 0.01) holds for both."""
+    (the variant 'topk': 0.01) holds for both. SketchFusion sends 20% of it through a one-row
+    sketch of k columns (2 k floats); EF-signSGD averages the scaled signs (no vote)."""
     ranks = case("adamw", name)
     for r in ranks.values():
         log = r["log"]
@@ -140,10 +142,13 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
         assert r["resumed_equal"]
         first, last = (sum(s["loss"] for s in log[i:i + 5]) / 5 for i in (0, 25))
         assert last < first - 0.3  # it trains
+    sent = [s["bytes_sent"] / s["compressed"] for r in ranks.values() for s in r["log"][10:]]
     if name.startswith("topk"):  # bytes per element compressed: 8 (a value, an index) x density
-        sent = [s["bytes_sent"] / s["compressed"] for r in ranks.values() for s in r["log"][10:]]
         density = sum(sent) / len(sent) / 8
         assert density > 0.05 if name == "topk-defaults" else density < 0.03, density
+    if name.startswith("sketchfusion"):  # 2 k floats (a one-row sketch of k, k exact values)
+        density = sum(sent) / len(sent) / 8  # 2 ranks: a ring all-reduce sends each float once
+        assert 0.15 < density < 0.25, density
 
 
 @pytest.mark.timeout(300)
