@@ -130,15 +130,18 @@ def test_every_method_on_cuda_ranks():
 
 
 @pytest.mark.timeout(400)
-def test_every_method_through_horovods_optimizer_on_cuda():
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_every_method_through_horovods_optimizer_on_cuda(optimizer):
     """The user's path on a GPU: a CUDA model trained through the stock
-    ``hvd.DistributedOptimizer`` with each method (and Horovod's none and fp16) on 2 ranks: the
-    parameters stay on the device, every rank ends with the same weights bit for bit, and the
-    loss falls. Needs Horovod built with CUDA (benchmarks/gpu_check.sh)."""
+    ``hvd.DistributedOptimizer`` with each method (and Horovod's none and fp16) on 2 ranks, under
+    plain SGD and under the user's AdamW (its momentum sent; BinSGDM's step applied through
+    AdamW's moments): the parameters stay on the device, every rank ends with the same weights
+    bit for bit, and the loss falls. Needs Horovod built with CUDA (benchmarks/gpu_check.sh)."""
     hvd = pytest.importorskip("horovod.torch")
     if not hvd.cuda_built():
         pytest.skip("Horovod was built without CUDA")
-    res = results(run(2, "cuda_horovod.py", timeout=380))
+    res = results(run(2, "cuda_horovod.py", *(["adamw"] if optimizer == "adamw" else []),
+                      timeout=380))
     assert sorted(res) == [0, 1]
     for name, per in res[0]["methods"].items():
         other = res[1]["methods"][name]

@@ -8,12 +8,15 @@ rank 0) on its own batches of a synthetic classification task for ``STEPS`` step
 (BinSGDM: its own lr), timing each step with ``torch.cuda.synchronize()``; rank 0 reports every
 rank's: the parameters' devices, a digest of the final weights (ranks must agree bit for bit),
 the first and last losses (averaged over ranks), the median step time after ``WARMUP`` steps,
-and, for hvdcomp, the bytes sent per step (``last_stats``).
+and, for hvdcomp, the bytes sent per step (``last_stats``). With ``adamw`` as argument every
+compression trains under the user's ``torch.optim.AdamW`` (lr 1e-3) instead: the Adam paths
+(``hvdcomp.preconditioning.FollowAdam``, ``ThroughAdam`` for BinSGDM) on CUDA.
 
-    mpirun -np 2 python tests/mpi/cuda_horovod.py
+    mpirun -np 2 python tests/mpi/cuda_horovod.py [adamw]
 """
 import hashlib
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +28,7 @@ from report import report_horovod
 STEPS, WARMUP, BATCH, WIDTH = 40, 5, 256, 1024
 METHODS = {"none": None, "fp16": "fp16", **registry.METHODS}  # every method of the registry
 LR = {"BinSGDM": 0.01}
+ADAMW = sys.argv[1:] == ["adamw"]
 
 hvd.init()
 RANK = hvd.rank()
@@ -62,8 +66,9 @@ def train(name, inputs, labels):
                                 torch.nn.Linear(WIDTH, 10)).to(DEVICE)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_of(name)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR.get(name, 0.05)),
-                                   named_parameters=model.named_parameters(),
+    inner = (torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01) if ADAMW
+             else torch.optim.SGD(model.parameters(), lr=LR.get(name, 0.05)))
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                    compression=compression)
     losses, times = [], []
     for step in range(STEPS):
