@@ -69,7 +69,7 @@ class BinSGDM(BatchedCompressor):
     """
 
     method = "BinSGDM"
-    follows_adam = False  # it is the optimizer itself (under Adam: preconditioning.ThroughAdam)
+    under_adam = "step"  # it is the optimizer itself (preconditioning.ThroughAdam)
     own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
     n_scalars = 0
 

@@ -133,15 +133,15 @@ class EFSignSGD(BatchedCompressor):
             for i, e in enumerate(batch.entries):
                 p, nbytes = e.compensated, packed_nbytes(e.numel)
                 mine, scales = rows[:, off:off + nbytes], scalars[:, i, 0]
+                scale = np.sum(scales) / len(scales)
                 if preconditioning.sends_momentum(self.preconditioner, e):
                     out.append(scaled_mean(mine, scales, e.numel, like=p))
                 elif signmsg.fused(e):
-                    out.append(decode_fused(batch, e, rows, off, np.sum(scales) / len(scales)))
+                    out.append(decode_fused(batch, e, rows, off, scale))
                     off += nbytes
                     continue
                 else:
-                    out.append(majority_step(vote_total(mine, e.numel, like=p),
-                                             np.sum(scales) / len(scales)))
+                    out.append(majority_step(vote_total(mine, e.numel, like=p), scale))
                 feedback.keep(batch, e, own_error(p, e.own_scale, e.owned,
                                                   batch.store.scratch(e.key, p)))
                 off += nbytes

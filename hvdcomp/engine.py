@@ -48,11 +48,39 @@ from hvdcomp.errors import HvdcompError
 from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
-# Where the decision passes every tensor to Horovod, hvdcomp's agreement all-gather runs every
-# this many steps only (StepEngine._quiet): one collective per step after Horovod's cost as much
-# as Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4 ms/step under
-# hvd.Compression.none, 9 ms with an agreement every step).
-QUIET_EVERY = 16
+
+
+class QuietSteps:
+    """Which steps leave their batch to Horovod without hvdcomp's agreement (no collective of
+    hvdcomp's, no finiteness pass): where the last agreement found every rank's whole batch
+    summed by Horovod's own allreduce (``Entry.by_horovod``), the decision passing every tensor
+    and NaN propagated (Horovod's sum carries it, as ``on_nonfinite='propagate'`` asks), every
+    step but each ``EVERY``-th (every rank counts the same steps), for a batch of the same size,
+    all by Horovod. Why: after Horovod's allreduce one more collective costs about as much as
+    Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4 ms/step under
+    ``hvd.Compression.none``, 9 ms with an agreement every step). On the agreed steps the checks
+    run as usual (a rank whose batch differs meets the others there, where the step numbers
+    differ, and every rank raises) and the decision observes the step time (``count``: the steps
+    since the last observation)."""
+    EVERY = 16
+
+    def __init__(self):
+        self.size, self.count = 0, 0  # the batch size of quiet steps (0: none may follow)
+
+    def take(self, entries, step):
+        """Whether this step (``step`` completed before it) is quiet; counts it."""
+        quiet = (self.size == len(entries) and step % self.EVERY != 0
+                 and all(e.by_horovod for e in entries))
+        self.count += quiet
+        return quiet
+
+    def agreed(self, entries, agreement, on_nonfinite, decision):
+        """After an agreement on a whole step: may quiet steps follow? Returns the steps that the
+        decision's observation stands for."""
+        steps, self.count = 1 + self.count, 0
+        self.size = len(entries) if (agreement.all_by_horovod and on_nonfinite == "propagate"
+                                     and decision.passes_all()) else 0
+        return steps
 
 
 class SkipStep(Exception):
@@ -214,8 +242,7 @@ class StepEngine:
         self.skipped = 0
         self.scale = 1.0  # the loss scale of the step under way (hvdcomp.loss_scale)
         self.warming = False  # some tensor of the step is dense for a preconditioner's warm-up
-        self.quiet_size = 0  # the batch size of quiet steps, 0 where none may follow (_quiet)
-        self.quiet_steps = 0  # quiet steps since the last agreement
+        self.quiet = QuietSteps()
         self.results = {}  # ticket -> (flat result, entry)
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
@@ -310,19 +337,16 @@ class StepEngine:
         if first:
             self.scale = loss_scale.current()
             self.decision.begin()  # where no compress() came first (graph front ends)
-        if first and end_step and self._quiet(entries):
-            self.quiet_steps += 1
+        if first and end_step and self.quiet.take(entries, self.step):
             return [SUMMED] * len(entries), []
         self.warming = self._classify(entries) or (self.warming and not first)
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
                               self.decision.last_window if first else 0.0)
         if first:
+            steps = self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
+                                      self.decision)
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
-                                  steps=1 + self.quiet_steps)
-            self.quiet_steps = 0
-            self.quiet_size = len(entries) if (
-                end_step and agreed.all_by_horovod and self.on_nonfinite == "propagate"
-                and self.decision.passes_all()) else 0
+                                  steps=steps)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]
@@ -350,8 +374,9 @@ class StepEngine:
                 raise SkipStep(nonfinite)
             self._rollback()
             self.skipped += 1
-            return [self._unapplied(e, e.work, e.key in nonfinite) for e in entries], big
-        reduced = {e.key: self._unapplied(e, e.work, False) for e in absent}
+            return [unapplied(e, e.work, e.key in nonfinite, self.on_nonfinite)
+                    for e in entries], big
+        reduced = {e.key: unapplied(e, e.work, False, self.on_nonfinite) for e in absent}
         if big:
             all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
             reduced.update(zip((e.key for e in big),
@@ -362,18 +387,6 @@ class StepEngine:
         for e in rescaled:
             reduced[e.key] *= self.scale
         return [reduced[e.key] for e in entries], big
-
-    def _quiet(self, entries):
-        """Whether this step's batch is left to Horovod without hvdcomp's agreement (a *quiet*
-        step: no collective of hvdcomp's, no finiteness pass): where the last agreement found
-        every rank's whole batch summed by Horovod's own allreduce (``Entry.by_horovod``) with
-        the decision passing every tensor and NaN propagated (Horovod's sum carries it, as
-        ``on_nonfinite='propagate'`` asks), every step but each ``QUIET_EVERY``-th (every rank
-        counts the same steps) for a batch of the same size, all by Horovod. On the agreed steps
-        the checks run as usual (a rank whose batch differs meets the others there and every
-        rank raises), and the decision observes the step time and may probe again."""
-        return (self.quiet_size == len(entries) and self.step % QUIET_EVERY != 0
-                and all(e.by_horovod for e in entries))
 
     def _classify(self, entries):
         """Step 1 of the module docstring for ``entries``; returns whether some tensor is dense
@@ -425,13 +438,14 @@ class StepEngine:
 
     def skip_step(self, entries, batch_stats, nonfinite):
         """End a step skipped for NaN/Inf in the tensors ``nonfinite`` (keys): the state is
-        rolled back; every entry's result is what ``_unapplied`` gives."""
+        rolled back; every entry's result is what ``unapplied`` gives."""
         self._rollback()
         self.skipped += 1
         for e in entries:
             done = self.results.get(e.ticket)
             like = done[0] if done is not None else e.work
-            self.results[e.ticket] = (self._unapplied(e, like, e.key in nonfinite), e)
+            self.results[e.ticket] = (unapplied(e, like, e.key in nonfinite, self.on_nonfinite),
+                                      e)
             e.release()
         self.end_step(batch_stats)
 
@@ -439,21 +453,6 @@ class StepEngine:
         """Drop the step's staged state (the store's and the preconditioner's)."""
         self.store.rollback()
         self.pre.drop()
-
-    def _unapplied(self, entry, like, nonfinite):
-        """The result of ``entry`` (shaped ``like``) in a skipped step: NaN where the tensor was
-        non-finite on some rank and ``on_nonfinite='propagate'`` (what Horovod's own allreduce
-        returns, so AMP's GradScaler sees the overflow and backs off), else zeros (nothing
-        applied)."""
-        fill = float("nan") if nonfinite and self.on_nonfinite == "propagate" else 0.0
-        if entry.by_horovod:
-            return HorovodSum(fill)
-        if like is None:
-            return None
-        out = xp.zeros_like(like)
-        if fill:  # NaN
-            out[...] = fill
-        return out
 
     def abort_step(self, entries):
         """Forget a step that raised: the state is rolled back, no result is kept."""
@@ -463,6 +462,22 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def unapplied(entry, like, nonfinite, on_nonfinite):
+    """The result of ``entry`` (shaped ``like``) in a skipped step: NaN where the tensor was
+    non-finite on some rank and ``on_nonfinite='propagate'`` (what Horovod's own allreduce
+    returns, so AMP's GradScaler sees the overflow and backs off), else zeros (nothing
+    applied)."""
+    fill = float("nan") if nonfinite and on_nonfinite == "propagate" else 0.0
+    if entry.by_horovod:
+        return HorovodSum(fill)
+    if like is None:
+        return None
+    out = xp.zeros_like(like)
+    if fill:  # NaN
+        out[...] = fill
+    return out
 
 
 def report_nonfinite(engine, where):

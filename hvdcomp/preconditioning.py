@@ -237,14 +237,19 @@ class ThroughAdam:
         self._landing = []
 
 
-def make(spec, follow_adam=True):
-    """The preconditioner for a compressor's ``precondition=`` argument (ValueError if bad);
-    None gives ``FollowAdam``, or ``Identity`` where ``follow_adam`` is False (a method whose
-    mean of the momentum cannot stand in for Adam's own)."""
+def make(spec, under_adam="momentum"):
+    """The preconditioner for a compressor's ``precondition=`` argument (ValueError if bad).
+    ``'adam'`` returns the step itself, so it is wrapped in ``ThroughAdam``. None gives what the
+    method does under the user's Adam (``under_adam``): ``'momentum'``, ``FollowAdam`` (its
+    mean of the momentum stands in for Adam's own); ``'gradient'``, ``Identity`` (Adam is fed the
+    reduced gradient); ``'step'``, ``ThroughAdam(Identity())`` (its result is the step itself:
+    BinSGDM)."""
     if isinstance(spec, adam.AdamSettings):
-        return Adam(spec)
+        return ThroughAdam(Adam(spec))
     if spec not in CHOICES:
         raise ValueError(f"precondition must be one of {CHOICES} or an hvdcomp.AdamSettings, "
                          f"got {spec!r}")
-    default = FollowAdam if follow_adam else Identity
-    return {None: default, "rms": Rms}.get(spec, lambda: Adam(adam.AdamSettings()))()
+    if spec is not None:
+        return Rms() if spec == "rms" else ThroughAdam(Adam(adam.AdamSettings()))
+    return {"momentum": FollowAdam, "gradient": Identity,
+            "step": lambda: ThroughAdam(Identity())}[under_adam]()

@@ -86,7 +86,7 @@ class BatchedCompressor:
     method = "base"
     last_legs = None  # {'intra', 'inter'}: CommStats of the last batch's node stages, if any
     n_scalars = 0
-    follows_adam = True  # precondition=None drives a user's Adam (preconditioning.FollowAdam)
+    under_adam = "momentum"  # precondition=None under the user's Adam (preconditioning.make)
 
     def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
@@ -94,9 +94,7 @@ class BatchedCompressor:
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
-        self.preconditioner = preconditioning.make(precondition, self.follows_adam)
-        if self.returns_step() is not None:  # its result is the step: under Adam, Adam applies it
-            self.preconditioner = preconditioning.ThroughAdam(self.preconditioner)
+        self.preconditioner = preconditioning.make(precondition, self.under_adam)
         self._pending, self._pending_keys = [], set()
         self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()

@@ -230,8 +230,8 @@ def keras_adam(optimizer):
     base = _keras_class(optimizer)
     if base is None or base.__name__ not in ("Adam", "AdamW") or ".legacy." in base.__module__:
         return None
-    if getattr(optimizer, "amsgrad", False) or not all(
-            isinstance(getattr(optimizer, beta, None), (int, float)) for beta in ("beta_1", "beta_2")):
+    betas = (getattr(optimizer, "beta_1", None), getattr(optimizer, "beta_2", None))
+    if getattr(optimizer, "amsgrad", False) or not all(isinstance(b, (int, float)) for b in betas):
         return None
     return optimizer
 
