@@ -3,8 +3,10 @@
 
 The compressor carries the momentum: ``decompress`` returns the mean over ranks of the ±1 votes
 (float32 values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node), so the user's
-inner optimizer must be plain SGD *without momentum*; its ``weight_decay`` then gives the
-decoupled update ``x -= lr * (mean_q + wd * x)``::
+inner optimizer must be plain SGD *without momentum*, or the user's Adam/AdamW, whose moments
+hvdcomp then sets so that Adam's update is ``lr * mean_q`` (``hvdcomp.preconditioning.
+ThroughAdam``); SGD's ``weight_decay`` (or AdamW's) then gives the decoupled update
+``x -= lr * (mean_q + wd * x)``::
 
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=2e-3, weight_decay=wd),
                                    named_parameters=model.named_parameters(),
