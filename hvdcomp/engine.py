@@ -74,12 +74,13 @@ class QuietSteps:
         self.count += quiet
         return quiet
 
-    def agreed(self, entries, agreement, on_nonfinite, decision):
-        """After an agreement on a whole step: may quiet steps follow? Returns the steps that the
-        decision's observation stands for."""
+    def agreed(self, size, agreement, on_nonfinite, decision):
+        """After a step's first agreement (``size``: its batch size, 0 for a bucket of a step in
+        several): may quiet steps follow? Returns the steps the decision's observation stands
+        for."""
         steps, self.count = 1 + self.count, 0
-        self.size = len(entries) if (agreement.all_by_horovod and on_nonfinite == "propagate"
-                                     and decision.passes_all()) else 0
+        self.size = size if (agreement.all_by_horovod and on_nonfinite == "propagate"
+                             and decision.passes_all()) else 0
         return steps
 
 
@@ -343,8 +344,8 @@ class StepEngine:
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
                               self.decision.last_window if first else 0.0)
         if first:
-            steps = self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
-                                      self.decision)
+            steps = self.quiet.agreed(len(entries) if end_step else 0, agreed,
+                                      self.on_nonfinite, self.decision)
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
                                   steps=steps)
         absent = [entries[i] for i in sorted(agreed.absent)]

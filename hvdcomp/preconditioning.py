@@ -98,8 +98,8 @@ class FollowAdam(Identity):
     def after(self, entries, reduced, store, phase):
         for e in entries:
             if e.adam is not None and not e.dense and e.status == checks.OK:
-                kept = store.scratch(f"{e.key}#m{WORK}", reduced[e.key])
-                self._landing.append((e.adam, xp.add(reduced[e.key], 0.0, out=kept)))
+                self._landing.append((e.adam, kept_copy(store, f"{e.key}#m{WORK}",
+                                                        reduced[e.key])))
 
     def land(self):
         for moments, momentum in self._landing:
@@ -108,6 +108,13 @@ class FollowAdam(Identity):
 
     def drop(self):
         self._landing = []
+
+
+def kept_copy(store, key, array):
+    """A copy of ``array`` in the store's scratch buffer ``key`` (no allocation in steady
+    state): what lands in the user's Adam at the end of the step, after the result itself has
+    been scaled (``hvdcomp.loss_scale``) or handed over."""
+    return xp.add(array, 0.0, out=store.scratch(key, array))
 
 
 def sends_momentum(preconditioner, entry):
@@ -218,8 +225,7 @@ class ThroughAdam:
         self.inner.after(entries, reduced, store, phase)
         for e in entries:
             if e.adam is not None and e.status == checks.OK:
-                kept = store.scratch(f"{e.key}#u", reduced[e.key])
-                self._landing.append((e.adam, xp.add(reduced[e.key], 0.0, out=kept)))
+                self._landing.append((e.adam, kept_copy(store, f"{e.key}#u", reduced[e.key])))
 
     def land(self):
         self.inner.land()

@@ -244,7 +244,8 @@ def drivable_adam(optimizer):
 
 class KerasAdamMoments:
     """One variable's Keras Adam moments as ``FollowAdam`` and ``ThroughAdam`` read and drive
-    them, for one step: its first and second moments ``m``, ``v`` and the optimizer's step count,
+    them, for one step: its first and second moments ``m``, ``v`` (None where only the first is
+    driven: ``FollowAdam``) and the optimizer's step count,
     read in the graph before the step's reduction; ``momentum()`` and ``second()`` are what the
     graph assigns to the moments after it (what landed, else the values read), ordered before
     Keras's own update reads them. Keras's update then keeps a landed first moment
@@ -331,7 +332,9 @@ class StepBatch:
         drives = isinstance(compressor.preconditioner,
                             (preconditioning.FollowAdam, preconditioning.ThroughAdam))
         self.adam = keras_adam(optimizer) if drives else None
-        self.moments = []  # (index in keys, Keras Adam's first and second moment), see step_op
+        # the second moment is read and written only where ThroughAdam sets it
+        self.second = isinstance(compressor.preconditioner, preconditioning.ThroughAdam)
+        self.moments = []  # (index in keys, Keras Adam's first moment, second or None): step_op
         # compress() is traced inside Horovod's tf.cond around the gradient: the graph around
         # that cond is where allreduce_grads runs (e.g. inside backward_passes_per_step's
         # aggregation cond, so the step op runs only on the steps that reduce).
@@ -386,8 +389,9 @@ class StepBatch:
         for i, key in enumerate(self.keys):
             slot = opt._index_dict.get(opt._var_key(by_key[key]))
             if slot is not None and opt._momentums[slot].dtype == tf.float32:
-                self.moments.append((i, opt._momentums[slot], opt._velocities[slot]))
-        variables = [var for _, m, v in self.moments for var in (m, v)]
+                self.moments.append((i, opt._momentums[slot],
+                                     opt._velocities[slot] if self.second else None))
+        variables = [var for _, m, v in self.moments for var in (m, v) if var is not None]
         values = [_working(self.tensors[k]) for k in self.keys]
         values += [var.read_value() for var in variables] + [tf.identity(opt.iterations)]
         out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(variables),
@@ -402,16 +406,17 @@ class StepBatch:
         grads, adam = values[:len(self.keys)], None
         if len(values) > len(self.keys):  # _reduce_following_adam: moments, then the step count
             adam = [None] * len(self.keys)
-            read = values[len(self.keys):-1]
-            for j, (i, _, _) in enumerate(self.moments):
-                adam[i] = KerasAdamMoments(read[2 * j].reshape(-1), read[2 * j + 1].reshape(-1),
+            read = iter(values[len(self.keys):-1])
+            for i, _, v in self.moments:
+                m = next(read).reshape(-1)
+                adam[i] = KerasAdamMoments(m, None if v is None else next(read).reshape(-1),
                                            (self.adam.beta_1, self.adam.beta_2), values[-1])
         flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam)
         self.results = dict(zip(self.keys, flats))
         if adam is None:
             return np.int64(len(flats))
-        return [np.int64(len(flats))] + [moment for i, _, _ in self.moments
-                                         for moment in (adam[i].momentum(), adam[i].second())]
+        return [np.int64(len(flats))] + [moment for i, _, v in self.moments for moment in (
+            (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
     def take(self, key, step, reduced_placeholder):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
