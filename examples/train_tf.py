@@ -23,6 +23,7 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 
 import hvdcomp
+from digits import load_digits
 from hvdcomp import registry
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py.
@@ -35,9 +36,8 @@ def say(msg):
 
 
 def data(rank, size):
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+    pixels, labels = load_digits()
+    x, y = (pixels / 16.0).astype(np.float32), labels
     perm = np.random.default_rng(0).permutation(len(x))
     x, y = x[perm], y[perm]
     cut = int(0.8 * len(x))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
+from digits import load_digits
 from hvdcomp import registry
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (e.g. 'marsit',
@@ -38,10 +39,9 @@ DEFAULTS = {name: registry.lr_momentum(name, "digits") for name in COMPRESSIONS}
 
 def load_digits_split(seed=0):
     """The 1797 8x8 digit images, scaled to [0, 1], split 80/20 with a fixed permutation."""
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.int64)
+    pixels, labels = load_digits()
+    x = torch.tensor(pixels / 16.0, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.int64)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     cut = int(0.8 * len(x))
     return (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])

@@ -19,6 +19,9 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 from hvdcomp import registry  # noqa: E402
 from report import report  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from digits import load_digits  # noqa: E402
+
 method, epochs = sys.argv[1], int(sys.argv[2])
 lr, momentum = registry.lr_momentum(method, "tf-test")
 assert momentum == 0, "the TF tests run plain SGD"
@@ -44,10 +47,9 @@ def identical(variables):
     return len(set(MPI.COMM_WORLD.allgather(digest(variables)))) == 1
 
 
-from sklearn.datasets import load_digits  # noqa: E402
-data = load_digits()
-x = (data.data / 16.0).astype(np.float32)
-y = data.target.astype(np.int64)
+pixels, labels = load_digits()
+x = (pixels / 16.0).astype(np.float32)
+y = labels
 xtr, ytr, xte, yte = x[:1400], y[:1400], x[1400:], y[1400:]
 xs, ys = xtr[rank::size], ytr[rank::size]
 
