@@ -85,12 +85,37 @@ def read_rank_output(output_dir):
     return out
 
 
-def results(proc, tag="RESULT"):
-    """The JSON objects the ranks reported (tests/mpi/report.py), by rank."""
+def results(proc, tag="RESULT", case=None):
+    """The JSON objects the ranks reported (tests/mpi/report.py), by rank; with ``case``, those
+    of that case only (a script that runs several cases in one launch reports each with
+    ``case=``)."""
     import json
     out = {}
     for line in proc.results_text.splitlines():
         if line.startswith(tag + " "):
             obj = json.loads(line[len(tag) + 1:])
-            out[obj["rank"]] = obj
+            if case is None or obj.get("case") == case:
+                out[obj["rank"]] = obj
     return out
+
+
+def shared(launch):
+    """``launch`` (a function of hashable arguments that starts an MPI job) run once per
+    arguments in a test session: every later call gets its result, or raises the exception it
+    raised. Several parametrised tests then check their own cases of one launch (each case
+    reported with ``case=``, ``results(proc, case=...)``) instead of paying the ranks' start-up
+    (Python, torch or TensorFlow, Horovod, numba: 5-10 s per launch on 2 cores) each."""
+    memo = {}
+
+    def once(*args):
+        if args not in memo:
+            try:
+                memo[args] = (launch(*args), None)
+            except Exception as exc:  # noqa: BLE001 - handed to every test that shares it
+                memo[args] = (None, exc)
+        value, exc = memo[args]
+        if exc is not None:
+            raise exc
+        return value
+    once.__doc__ = launch.__doc__
+    return once

@@ -7,7 +7,7 @@ from hvdcomp import bucketing
 from mpirun import results, run
 
 from conftest import SETTINGS
-from test_training import EPOCHS, TOLERANCE_ACC, TOLERANCE_LOSS
+from test_training import EPOCHS, TOLERANCE_ACC, TOLERANCE_LOSS, resume_launch
 
 
 # -- pure helpers ---------------------------------------------------------------------------
@@ -97,11 +97,13 @@ def test_nan_in_a_late_bucket_raises_everywhere_and_rolls_back():
         assert r["worker_error_state_unchanged"]
 
 
+RESUME = (("marsit-auto", "rank"), ("topk-auto", "rank"))
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["marsit-auto", "topk-auto"])
+@pytest.mark.parametrize("name", [name for name, _ in RESUME])
 def test_resume_with_fusion_is_bit_identical(name):
-    lr, momentum = SETTINGS[name.replace("-auto", "")]
-    res = results(run(3, "resume.py", name, "rank", lr, momentum, timeout=180))
+    res = results(resume_launch(RESUME), case=f"{name}-rank")
     assert sorted(res) == [0, 1, 2]
     for r in res.values():
         assert r["identical_steps"] == 12 and r["step"] == 12

@@ -5,8 +5,8 @@ import pytest
 
 from mpirun import results, run
 
-from conftest import SETTINGS, train_digits
-from test_training import TOLERANCE_ACC, TOLERANCE_LOSS
+from conftest import train_digits
+from test_training import TOLERANCE_ACC, TOLERANCE_LOSS, resume_launch
 
 NODES = {"HVDCOMP_RANKS_PER_NODE": "2"}
 FLAT = {**NODES, "HVDCOMP_HIERARCHY": "flat"}
@@ -54,13 +54,16 @@ def test_node_stages_train_like_uncompressed(name, uncompressed):
     assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
 
 
+RESUME = (("marsit", "rank"), ("topk", "gathered"), ("sketchfusion", "rank"),
+          ("efsignsgd", "gathered"))
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, form", [("marsit", "rank"), ("topk", "gathered"),
-                                        ("sketchfusion", "rank"), ("efsignsgd", "gathered")])
+@pytest.mark.parametrize("name, form", RESUME)
 def test_a_resume_in_node_stages_is_bit_identical(name, form):
     """Each rank's state is its shard's (under the tensor's name): a checkpoint restores it."""
-    lr, momentum = SETTINGS[name]
-    res = results(run(4, "resume.py", name, form, lr, momentum, timeout=240, env=NODES))
+    res = results(resume_launch(RESUME, 4, 2), case=f"{name}-{form}")
+    assert sorted(res) == [0, 1, 2, 3]
     for r in res.values():
         assert r["identical_steps"] == 12 and r["same"] and r["fresh_differs"]
         assert r["memory_norm"] > 0 and r["memory_keys"] == ["0.weight", "2.weight", "4.weight"]

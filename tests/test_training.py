@@ -4,7 +4,7 @@ every step, and a checkpoint resumes bit for bit."""
 import pytest
 
 from hvdcomp import registry
-from mpirun import results, run
+from mpirun import results, run, shared
 
 from conftest import SETTINGS, train_digits
 from variants import method_of
@@ -54,11 +54,19 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
     assert min(x["stats"]["ratio"] for x in res.values()) > min_ratio
 
 
-@pytest.mark.timeout(200)
+@shared
+def resume_launch(cases, ranks=3, nodes=None):
+    """One launch of tests/mpi/resume.py on ``ranks`` ranks for every ``(name, form)`` of
+    ``cases`` (at each test's rates; ``nodes``: HVDCOMP_RANKS_PER_NODE, or None)."""
+    args = [a for name, form in cases for a in (name, form, *SETTINGS[name])]
+    env = None if nodes is None else {"HVDCOMP_RANKS_PER_NODE": str(nodes)}
+    return run(ranks, "resume.py", *args, timeout=60 + 15 * len(cases), env=env)
+
+
+@pytest.mark.timeout(400)  # the first of these pays the launch of every case
 @pytest.mark.parametrize("name, form", RESUME)
 def test_checkpoint_resume_is_bit_identical(name, form):
-    lr, momentum = SETTINGS[name]
-    res = results(run(3, "resume.py", name, form, lr, momentum, timeout=180))
+    res = results(resume_launch(tuple(RESUME)), case=f"{name}-{form}")
     assert sorted(res) == [0, 1, 2]
     for r in res.values():
         assert r["identical_steps"] == 12 and r["step"] == 12
