@@ -5,7 +5,7 @@ step's gradients reduced by hvdcomp as one batch (one hvdcomp step per training 
 import pytest
 
 from hvdcomp import registry
-from mpirun import results, run
+from mpirun import results, run, shared
 
 # Every method of hvdcomp/registry.py, by its base preset (lower-case name).
 METHODS = {registry.base_preset(m): m for m in registry.METHODS}
@@ -20,11 +20,18 @@ KEYS = {name: registry.EXPECT[m].state_keys(COMPRESSED if registry.EXPECT[m].sma
         for name, m in METHODS.items()}
 
 
-@pytest.mark.timeout(400)
+@shared
+def tf_train_launch(ranks, epochs):
+    """One launch of tests/mpi/tf_train.py on ``ranks`` ranks: every method, ``epochs`` each."""
+    args = [a for method in sorted(KEYS) for a in (method, epochs)]
+    return run(ranks, "tf_train.py", *args, timeout=60 + 8 * epochs * len(KEYS))
+
+
+@pytest.mark.timeout(600)  # the first of each rank count pays the launch of every method
 @pytest.mark.parametrize("method", sorted(KEYS))
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_eager_tf_function_and_keras(method, ranks):
-    res = results(run(ranks, "tf_train.py", method, 6 if ranks == 2 else 10, timeout=360))
+    res = results(tf_train_launch(ranks, 6 if ranks == 2 else 10), case=method)
     assert sorted(res) == list(range(ranks))
     for r in res.values():
         assert r["eager_identical"] and r["eager_bytes"] > 0
