@@ -52,12 +52,21 @@ def test_eager_tf_function_and_keras(method, ranks):
     assert tape_acc > 0.3 and keras_acc > 0.3, (tape_acc, keras_acc)  # it learns (10 classes)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", sorted(METHODS) + ["marsit-adam"])
+RESUME = tuple(sorted(METHODS) + ["marsit-adam"])
+
+
+@shared
+def tf_resume_launch():
+    """One launch of tests/mpi/tf_resume.py on 2 ranks for every method of RESUME."""
+    return run(2, "tf_resume.py", *RESUME, timeout=60 + 30 * len(RESUME))
+
+
+@pytest.mark.timeout(400)  # the first pays the launch of every method
+@pytest.mark.parametrize("method", RESUME)
 def test_checkpoint_resume_is_bit_identical(method):
     """tf.train.Checkpoint for the model plus the compressor's state_dict(): a resumed run
     equals the uninterrupted one bit for bit; a fresh compressor diverges."""
-    res = results(run(2, "tf_resume.py", method, timeout=240))
+    res = results(tf_resume_launch(), case=method)
     assert sorted(res) == [0, 1]
     for r in res.values():
         assert r["same"] and r["fresh_differs"] and r["keys"] and r["step"] > 0

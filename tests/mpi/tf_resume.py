@@ -2,7 +2,8 @@
 tf.function, checkpoint the model (tf.train.Checkpoint) and the compressor (state_dict(), NumPy),
 train M more; then restore both into fresh objects and train the same M steps: the variables
 must be bit-identical to the uninterrupted run, and a fresh compressor must diverge.
-Arg: method (a preset of hvdcomp/registry.py, with the seeds below; SGD at its "tf-test" rate)."""
+Args: one or more methods (presets of hvdcomp/registry.py, with the seeds below; SGD at its
+"tf-test" rate), run one after the other in this launch; each reports with ``case=method``."""
 import hashlib
 import os
 import sys
@@ -24,15 +25,6 @@ OVERRIDES = {"marsit": dict(seed=5), "binsgdm": dict(seed=3), "topk": dict(seed=
              "sketchfusion": dict(seed=3),
              # precondition='adam' (plain SGD inner optimizer): warm-up ends before the checkpoint
              "marsit-adam": dict(seed=5, precondition=hvdcomp.AdamSettings(warmup=3))}
-method = sys.argv[1]
-lr, momentum = registry.lr_momentum(method, "tf-test")
-assert momentum == 0, "the TF tests run plain SGD"
-
-
-def make():
-    return registry.build(method, **OVERRIDES.get(method, {}))
-
-
 N, M = 5, 5
 hvd.init()
 rank = hvd.rank()
@@ -41,7 +33,7 @@ y = tf.random.stateless_uniform([40 * 16], seed=[rank, 8], maxval=10, dtype=tf.i
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def build():
+def build(lr):
     # A restart is a new process: reset Keras' layer-name counters so that the variables get
     # the same names ('dense/kernel:0', ...), which key the compressor state.
     tf.keras.backend.clear_session()
@@ -70,27 +62,38 @@ def digest(model):
     return hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.variables)).hexdigest()
 
 
-model, opt = build()
-comp = make()
-hvd.broadcast_variables(model.variables, root_rank=0)
-run = trainer(model, opt, comp)
-run(0, N)
-path = os.path.join(tempfile.mkdtemp(), f"ckpt{rank}")
-saved = tf.train.Checkpoint(model=model).write(path)
-comp_state = comp.state_dict()
-run(N, N + M)
-uninterrupted = digest(model)
+def resume_case(method):
+    """The fields one method reports (see the module docstring)."""
+    lr, momentum = registry.lr_momentum(method, "tf-test")
+    assert momentum == 0, "the TF tests run plain SGD"
+
+    def make():
+        return registry.build(method, **OVERRIDES.get(method, {}))
+
+    model, opt = build(lr)
+    comp = make()
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    run = trainer(model, opt, comp)
+    run(0, N)
+    path = os.path.join(tempfile.mkdtemp(), f"ckpt{rank}")
+    saved = tf.train.Checkpoint(model=model).write(path)
+    comp_state = comp.state_dict()
+    run(N, N + M)
+    uninterrupted = digest(model)
+
+    def resumed(state):
+        model2, opt2 = build(lr)
+        tf.train.Checkpoint(model=model2).read(saved).assert_existing_objects_matched()
+        comp2 = make()
+        comp2.load_state_dict(state)
+        trainer(model2, opt2, comp2)(N, N + M)
+        return digest(model2)
+
+    return dict(same=resumed(comp_state) == uninterrupted,
+                fresh_differs=resumed(make().state_dict()) != uninterrupted,
+                keys=sorted(comp_state["state"]), step=comp_state["step"])
 
 
-def resumed(state):
-    model2, opt2 = build()
-    tf.train.Checkpoint(model=model2).read(saved).assert_existing_objects_matched()
-    comp2 = make()
-    comp2.load_state_dict(state)
-    trainer(model2, opt2, comp2)(N, N + M)
-    return digest(model2)
-
-
-report(rank=rank, same=resumed(comp_state) == uninterrupted,
-       fresh_differs=resumed(make().state_dict()) != uninterrupted,
-       keys=sorted(comp_state["state"]), step=comp_state["step"])
+assert len(sys.argv) > 1, "one or more methods"
+for method in sys.argv[1:]:
+    report(case=method, rank=rank, **resume_case(method))
