@@ -1,26 +1,37 @@
 """Cross-framework agreement and fault behaviour on real MPI ranks."""
+import os
+import tempfile
 import time
 
 import numpy as np
 import pytest
 
 from hvdcomp import registry
-from mpirun import results, run
+from mpirun import results, run, shared
 
 METHODS = list(registry.METHODS)  # every method of hvdcomp/registry.py
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", sorted(m.lower() for m in METHODS))
-def test_torch_and_tensorflow_give_the_same_aggregate(tmp_path, method):
+LOWER = sorted(m.lower() for m in METHODS)
+
+
+@shared
+def cross_framework_launch(framework):
+    """The directory of one launch of tests/mpi/cross_framework.py (3 ranks) for every method."""
+    directory = tempfile.mkdtemp(prefix=f"hvdcomp-cross-{framework}-")
+    run(3, "cross_framework.py", framework, directory, *LOWER, timeout=120 + 20 * len(LOWER))
+    return directory
+
+
+@pytest.mark.timeout(400)  # the first pays both frameworks' launches of every method
+@pytest.mark.parametrize("method", LOWER)
+def test_torch_and_tensorflow_give_the_same_aggregate(method):
     """Same inputs, seed and settings: PyTorch and TensorFlow front ends produce the same
     aggregate (one shared backend; Marsit's scale may differ in the last bits because the two
     frameworks sum |p| in different orders, so the tolerance is relative 1e-5). Every method of
     hvdcomp/registry.py, by its lower-case name."""
-    t, f = tmp_path / "torch.npy", tmp_path / "tf.npy"
-    run(3, "cross_framework.py", "torch", t, method, timeout=200)
-    run(3, "cross_framework.py", "tf", f, method, timeout=200)
-    a, b = np.load(t), np.load(f)
+    a, b = (np.load(os.path.join(cross_framework_launch(framework), f"{method}.npy"))
+            for framework in ("torch", "tf"))
     assert a.shape == b.shape == (3, 3001)
     assert np.count_nonzero(a) > 0
     assert np.array_equal(np.sign(a), np.sign(b))  # the same signs / positions were chosen
