@@ -12,7 +12,7 @@ os.environ.setdefault("HVDCOMP_DECISION", "compress")
 # Keras front end needs it (tests/test_stack.py sets "0" for its plain Keras 3 ranks).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from mpirun import results, run  # noqa: E402
+from mpirun import results, run, shared  # noqa: E402
 
 from variants import settings_for  # noqa: E402
 
@@ -23,12 +23,24 @@ SETTINGS = settings_for("digits-test")
 EPOCHS = 20
 
 
-def train_digits(name, ranks=4, env=None, epochs=EPOCHS):
+@shared
+def train_launch(cases, ranks, env_items):
+    """One launch of tests/mpi/train.py on ``ranks`` ranks (environment ``env_items``) for every
+    ``(name, epochs)`` of ``cases``, at each test name's rates."""
+    args = [a for name, epochs in cases for a in (name, epochs, *SETTINGS[name])]
+    return run(ranks, "train.py", *args, env=dict(env_items),
+               timeout=180 + sum(3 * epochs for _, epochs in cases))
+
+
+def train_digits(name, ranks=4, env=None, epochs=EPOCHS, launched_with=()):
     """Run tests/mpi/train.py for compression ``name`` on ``ranks`` ranks for ``epochs`` epochs
     (11 steps each); check that every rank stayed bit-identical after every step and return the
-    per-rank results."""
-    lr, momentum = SETTINGS[name]
-    res = results(run(ranks, "train.py", name, epochs, lr, momentum, timeout=240, env=env))
+    per-rank results. ``launched_with``: the ``(name, epochs)`` cases (this one among them) of
+    one launch that the tests asking for any of them share (``mpirun.shared``)."""
+    cases = tuple(launched_with) or ((name, epochs),)
+    assert (name, epochs) in cases, (name, epochs, cases)
+    res = results(train_launch(cases, ranks, tuple(sorted((env or {}).items()))),
+                  case=f"{name}-{epochs}")
     assert sorted(res) == list(range(ranks))
     assert all(r["identical_steps"] == r["steps"] == 11 * epochs for r in res.values())
     assert len({(r["acc"], r["loss"]) for r in res.values()}) == 1  # one model everywhere

@@ -38,10 +38,14 @@ LARGE = ["0.weight", "2.weight", "4.weight"]  # the digits model's tensors of >=
 EVERY = sorted(f"{layer}.{p}" for layer in (0, 2, 4) for p in ("weight", "bias"))
 
 
-@pytest.mark.timeout(400)
+# One launch trains every case of this module (the first test to ask pays it).
+TRAINED = tuple((name, EPOCHS.get(name, 20)) for name, _ in TRAINING) + (("marsit-adam", 20),)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name, min_ratio", TRAINING)
 def test_training_matches_uncompressed(uncompressed, name, min_ratio):
-    res = train_digits(name, epochs=EPOCHS.get(name, 20))
+    res = train_digits(name, epochs=EPOCHS.get(name, 20), launched_with=TRAINED)
     r = res[0]
     print(f"uncompressed acc {uncompressed['acc']:.4f} loss {uncompressed['loss']:.4f}; "
           f"{name} acc {r['acc']:.4f} loss {r['loss']:.4f}, {r['stats']['ratio']:.1f}x fewer bytes")
@@ -81,12 +85,12 @@ def test_checkpoint_resume_is_bit_identical(name, form):
                 f"{layer}.{p}#{kind}" for layer in (0, 2, 4) for p in ("weight", "bias")}
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_adam_precondition_trains_like_uncompressed(uncompressed):
     """precondition='adam' (SGD inner optimizer): bit-identical ranks (train_digits), the
     uncompressed accuracy within the same tolerance, every tensor's (t, m, v) in the state beside
     Marsit's memory, and the 10 dense warm-up steps of 220 leaving a large saving."""
-    res = train_digits("marsit-adam")
+    res = train_digits("marsit-adam", launched_with=TRAINED)
     r = res[0]
     print(f"uncompressed acc {uncompressed['acc']:.4f}; marsit-adam acc {r['acc']:.4f} loss "
           f"{r['loss']:.4f}, {r['stats']['ratio']:.1f}x fewer bytes")
