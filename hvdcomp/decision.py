@@ -26,18 +26,32 @@ of the training loop is not taken for a slow candidate. No cost model to be wron
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
 
-- *probe*: each candidate runs ``settle`` steps (not counted: the window observed at a step is
-  the previous step's, which ran the previous candidate) and then ``samples`` steps; a candidate
-  whose first sample is slower than ``1 + abort`` times the best median so far is dropped after
-  it (a hopeless probe costs two steps). The choice is the fastest median; a candidate that
-  compresses more must beat one that compresses less by ``margin`` (a tie goes to the exact sum:
-  equal time, better gradients).
-- *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median leaving
-  ``[1 - band, 1 + band]`` times the median it was chosen at, where ``band`` is the larger of
+- *probe*, in two rounds. The screen: each candidate runs ``settle`` steps (not counted: the
+  window observed at a step is the previous step's, which ran the previous candidate; none where
+  the candidate is the one already in force) and one sample. The finalists, those whose sample
+  is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
+  force first, without settling); the others are dropped. So a hopeless candidate costs two
+  steps whichever regime the job is in (before, the candidates ran in a fixed order and only
+  those after a faster one could be dropped: where passing wins, the compressing candidates,
+  which run first, ran four steps each at their slow speed). The choice is the fastest median;
+  a candidate that compresses more must beat one that compresses less by ``margin`` (a tie goes
+  to the exact sum: equal time, better gradients).
+- *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median rising
+  above ``1 + band`` times the median it was chosen at, where ``band`` is the larger of
   ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), or ``revisit``
   steps passing (doubled each time the choice stands, up to 16 times), starts a new probe, the
   chosen candidate first (it stays unless another wins by ``margin``). Noise within the band
-  changes nothing, so the choice does not flap.
+  changes nothing, so the choice does not flap. A median below ``1 - band`` times it becomes
+  the new reference without a probe: the choice got faster (its probe's steps came right after
+  another candidate's, or were among the first: Horovod negotiates a tensor's first allreduces),
+  which makes no other candidate better; a later rise is then measured from there. The
+  revisits are also spaced so that a probe's
+  cost stays within ``budget`` of the time the exchange takes: where the last probe's other
+  candidates cost E seconds more than the choice would have, the next revisit comes no sooner
+  than E / (budget x the choice's median) steps (up to 16 x ``revisit``). Where passing wins by
+  far (a fast wire: compressing steps cost several times a passed one), a 660-step run then
+  probes once instead of three times; where the candidates are close, a probe costs little and
+  revisits stay frequent.
 
 Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
 compresses; for benchmarks and tests), ``'pass'`` (always the last). Methods whose result is the
@@ -84,16 +98,19 @@ class Decision:
     agreed one."""
 
     def __init__(self, mode, min_numel, samples=3, settle=1, abort=0.5, margin=0.05,
-                 drift=0.25, revisit=200):
+                 drift=0.25, revisit=200, budget=0.01):
         self.mode, self.min_numel = mode, min_numel
         self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
-        self.drift, self.revisit = drift, revisit
+        self.drift, self.revisit, self.budget = drift, revisit, budget
         self.thresholds = None  # the candidates, fixed at the first step with sizes
         self.current = 0 if mode != "pass" else -1  # index into thresholds (-1: NEVER)
         self.phase = "probe" if mode == "measure" else "fixed"
         self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
         self.windows = []  # windows counted for the candidate under way (probe) or watched (hold)
         self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
+        self.taken = {}  # probe: candidate -> its samples so far
+        self.queue = None  # probe: the candidates still to run in this round (None: not begun)
+        self.round = "screen"  # probe: 'screen' (one sample each) or 'refine' (the finalists)
         self.chosen = None  # the candidate the last probe chose
         self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
 
@@ -152,25 +169,46 @@ class Decision:
         elif self.seen > self.settle:
             self._probe(window, speak)
 
+    def _begin_probe(self):
+        """A probe's screen round: the candidate in force first (it needs no settling), then
+        the others, most compression first."""
+        others = [i for i in range(len(self.thresholds)) if i != self._index()]
+        self.queue, self.round = [self._index()] + others, "screen"
+        self.taken, self.medians, self.spreads, self.windows = {}, {}, {}, []
+        self.seen = self.settle  # the first window observed is the candidate in force's
+
+    def _index(self):
+        return self.current % len(self.thresholds)
+
     def _probe(self, window, speak):
-        self.windows.append(window)
-        best = min(self.medians.values(), default=math.inf)
-        hopeless = len(self.windows) == 1 and window > (1 + self.abort) * best
-        if len(self.windows) < self.samples and not hopeless:
+        if self.queue is None:
+            self._begin_probe()
+        self.taken.setdefault(self._index(), []).append(window)
+        wanted = 1 if self.round == "screen" else self.samples
+        if len(self.taken[self._index()]) < wanted:
             return
-        median = self.medians[self.current] = float(np.median(self.windows))
-        self.spreads[self.current] = (max(self.windows) - min(self.windows)) / median
-        self.windows, self.seen = [], 0
-        untried = [i for i in range(len(self.thresholds)) if i not in self.medians]
-        if untried:
-            self.current = untried[0]
+        self.queue.pop(0)
+        if not self.queue and self.round == "screen":  # the finalists, the one in force first
+            best = min(w[0] for w in self.taken.values())
+            finalists = [i for i, w in self.taken.items()
+                         if w[0] <= (1 + self.abort) * best and len(w) < self.samples]
+            self.queue = sorted(finalists, key=lambda i: i != self._index())
+            self.round = "refine"
+        if self.queue:
+            self.seen = self.settle if self.queue[0] == self._index() else 0
+            self.current = self.queue[0]
             return
+        for i, w in self.taken.items():
+            self.medians[i] = float(np.median(w))
+            self.spreads[i] = (max(w) - min(w)) / self.medians[i]
+        self.queue, self.windows, self.seen = None, [], 0
         chosen = max(self.medians)  # the least compression first: ties pass
         for i in sorted(self.medians, reverse=True):
             if self.medians[i] < self.medians[chosen] * (1 - self.margin):
                 chosen = i
         stands = chosen == self.chosen
-        self.interval = min(2 * self.interval, 16 * self.revisit) if stands else self.revisit
+        self.interval = min(max(2 * self.interval if stands else self.revisit,
+                                self._affordable(chosen)), 16 * self.revisit)
         self.switches += not stands and self.chosen is not None
         self.chosen = self.current = chosen
         self.phase = "hold"
@@ -179,18 +217,28 @@ class Decision:
                      ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
                                for i, m in sorted(self.medians.items())))
 
+    def _affordable(self, chosen):
+        """The steps after which a probe like the last one costs ``budget`` of the exchange:
+        each other candidate ran its samples and ``settle`` steps at its mean."""
+        extra = sum((float(np.mean(w)) - self.medians[chosen]) * (len(w) + self.settle)
+                    for i, w in self.taken.items() if i != chosen)
+        return math.ceil(max(extra, 0.0) / (self.budget * self.medians[chosen]) - 1e-6)
+
     def _hold(self, window, speak):
         self.windows = (self.windows + [window])[-2 * self.samples:]
         band = max(self.drift, 2 * self.spreads[self.chosen])
-        drifted = len(self.windows) == 2 * self.samples and abs(
-            float(np.median(self.windows)) / self.medians[self.chosen] - 1) > band
+        ratio = (float(np.median(self.windows)) / self.medians[self.chosen]
+                 if len(self.windows) == 2 * self.samples else 1.0)
+        if ratio < 1 - band:  # faster than chosen at: the reference, not a reason to probe
+            self.medians[self.chosen] *= ratio
+        drifted = ratio > 1 + band
         if drifted or self.seen >= self.interval:
             if speak:
                 log.info("compress-or-pass: probing again (%s)", "the step time drifted"
                          if drifted else f"{self.seen} steps since the choice")
             # The chosen candidate, in force, is probed first; it stays unless another wins.
-            self.medians, self.spreads, self.windows, self.seen = {}, {}, [], 0
             self.phase = "probe"
+            self._begin_probe()
 
     def passes_all(self):
         """Whether every tensor is passed, and stays so until the next observation."""
@@ -211,7 +259,7 @@ class Decision:
                 "candidates": self.thresholds, "switches": self.switches}
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
-             "chosen", "interval", "switches")
+             "chosen", "interval", "switches", "taken", "queue", "round")
 
     def state(self):
         """Plain values for a checkpoint."""
@@ -223,7 +271,10 @@ class Decision:
         if saved is None or saved.get("mode") != self.mode:
             return
         for name in self.STATE:
-            setattr(self, name, copy.deepcopy(saved[name]))
+            if name in saved:
+                setattr(self, name, copy.deepcopy(saved[name]))
+        if "round" not in saved and self.phase == "probe":
+            self.queue = None  # saved mid-probe by a version without rounds: probe again
 
 
 def _name(threshold):

@@ -54,11 +54,59 @@ def test_a_tie_goes_to_the_exact_sum_and_compression_must_win_by_the_margin():
 
 
 def test_a_hopeless_candidate_is_dropped_after_one_sample():
+    """The screen gives each candidate a settle step and one sample; only those within 1 +
+    abort of the best take the rest. A hopeless candidate costs two steps whichever side of the
+    fastest it lies: compressing more (passing wins) or less (compressing wins)."""
     d = Decision("measure", 1024, samples=3, settle=1, abort=0.5)
     seen = feed(d, (20, lambda t, i: 0.01 if t == 1024 else 0.10))
-    # 1 (no period) + 1 settle + 3 samples of 1024, then 1 settle + 1 sample for each other.
-    assert seen[:9] == [1024] * 5 + [16384] * 2 + [NEVER] * 2
+    # 1 (no period) + 1 settle + 1 sample of 1024, 1 settle + 1 sample of each other, then
+    # 1 settle + 2 samples of 1024, held.
+    assert seen[:12] == [1024] * 3 + [16384] * 2 + [NEVER] * 2 + [1024] * 5
     assert d.phase == "hold" and d.threshold == 1024
+    d = Decision("measure", 1024, samples=3, settle=1, abort=0.5)
+    seen = feed(d, (20, lambda t, i: 0.01 if t == NEVER else 0.10))
+    # The finalist is the candidate in force: its last 2 samples follow without settling.
+    assert seen[:9] == [1024] * 3 + [16384] * 2 + [NEVER] * 4
+    assert sum(t != NEVER for t in seen) == 5  # before the rounds: 9 steps compressing
+    assert d.phase == "hold" and d.threshold == NEVER
+
+
+def test_a_revisit_samples_the_choice_in_force_without_settling():
+    d = Decision("measure", 1024, samples=3, settle=1, abort=0.5, revisit=10, budget=100)
+    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.10))
+    assert d.phase == "hold" and d.threshold == NEVER
+    seen = feed(d, (30, lambda t, i: 0.01 if t == NEVER else 0.10))
+    assert d.phase == "hold" and d.threshold == NEVER and d.switches == 0
+    # one revisit: the choice's sample (no settle), 2 steps of each other, the choice's 2 more
+    assert sum(t != NEVER for t in seen) == 4, seen
+
+
+def test_a_choice_that_gets_faster_is_the_new_reference_not_a_probe():
+    d = Decision("measure", 1024, revisit=10_000)
+    feed(d, (12, lambda t, i: 0.011 if t == NEVER else 0.030))  # slow first steps
+    assert d.phase == "hold" and d.threshold == NEVER
+    seen = feed(d, (60, lambda t, i: 0.004 if t == NEVER else 0.030))
+    assert set(seen) == {NEVER} and d.phase == "hold"  # no probe
+    assert d.medians[d.chosen] == pytest.approx(0.004)
+    seen = feed(d, (20, lambda t, i: 0.008 if t == NEVER else 0.030))  # twice the reference
+    assert any(t != NEVER for t in seen)  # a probe
+
+
+def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
+    """The probe's two other candidates cost 2 steps x 40 ms each over the choice: with a 1%
+    budget of a 10 ms exchange, no revisit before 1600 steps (capped at 16 x revisit); with a
+    50% budget, 32 steps would do: the regular 200."""
+    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
+    assert d.phase == "hold" and d.threshold == NEVER and d.interval == 1600
+    seen = feed(d, (1599, lambda t, i: 0.01 if t == NEVER else 0.05))
+    assert set(seen) == {NEVER}  # held: no revisit within the interval
+    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 1.0))
+    assert d.interval == 16 * 200  # the cap
+    d = Decision("measure", 1024, revisit=200, budget=0.5)
+    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
+    assert d.interval == 200  # the probe is cheap enough for the regular revisit
 
 
 def test_noise_within_the_band_keeps_the_choice_and_a_drift_probes_again():
