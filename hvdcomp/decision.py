@@ -31,9 +31,9 @@ same threshold, applied from the next step on):
   the candidate is the one already in force) and one sample. The finalists, those whose sample
   is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
   force first, without settling); the others are dropped. So a hopeless candidate costs two
-  steps whichever regime the job is in (before, the candidates ran in a fixed order and only
-  those after a faster one could be dropped: where passing wins, the compressing candidates,
-  which run first, ran four steps each at their slow speed). The choice is the fastest median;
+  steps whichever side of the winner it lies (in one round of a fixed order, only those after a
+  faster one could be dropped: where passing wins, the compressing candidates, which come first,
+  would run every sample at their slow speed). The choice is the fastest median;
   a candidate that compresses more must beat one that compresses less by ``margin`` (a tie goes
   to the exact sum: equal time, better gradients).
 - *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median rising
@@ -45,13 +45,12 @@ same threshold, applied from the next step on):
   the new reference without a probe: the choice got faster (its probe's steps came right after
   another candidate's, or were among the first: Horovod negotiates a tensor's first allreduces),
   which makes no other candidate better; a later rise is then measured from there. The
-  revisits are also spaced so that a probe's
-  cost stays within ``budget`` of the time the exchange takes: where the last probe's other
-  candidates cost E seconds more than the choice would have, the next revisit comes no sooner
-  than E / (budget x the choice's median) steps (up to 16 x ``revisit``). Where passing wins by
-  far (a fast wire: compressing steps cost several times a passed one), a 660-step run then
-  probes once instead of three times; where the candidates are close, a probe costs little and
-  revisits stay frequent.
+  revisits are also spaced so that a probe's cost stays within ``budget`` of the time the
+  exchange takes: where the last probe's other candidates cost E seconds more than the choice
+  would have, the next revisit comes no sooner than E / (budget x the choice's median) steps
+  (up to 16 x ``revisit``). Where passing wins by far (a fast wire: compressing steps cost
+  several times a passed one), a 660-step run then probes once instead of three times; where
+  the candidates are close, a probe costs little and revisits stay frequent.
 
 Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
 compresses; for benchmarks and tests), ``'pass'`` (always the last). Methods whose result is the
