@@ -19,6 +19,12 @@ def write_results(items):
         os.write(sys.stdout.fileno(), text.encode())
 
 
+def cases(args, width):
+    """A rank script's arguments ``args`` as the cases of its launch: tuples of ``width``."""
+    assert args and len(args) % width == 0, f"cases of {width} arguments each, got {args}"
+    return [tuple(args[i:i + width]) for i in range(0, len(args), width)]
+
+
 def report(**fields):
     """Collective (every rank calls it once, at the end): rank 0 gathers all ranks' fields
     through mpi4py and writes them."""

@@ -12,7 +12,7 @@ import sys
 import torch
 import horovod.torch as hvd
 
-from report import report
+from report import cases, report
 from torch_common import build, compression_for, digest, load_digits_split, train
 
 N, M = 6, 6
@@ -53,9 +53,6 @@ def resume_case(name, form, lr, momentum, xtr, ytr):
 
 hvd.init()
 (x, y), _ = load_digits_split(0)
-args = sys.argv[1:]
-assert args and len(args) % 4 == 0, "cases of four: compression form lr momentum"
-for i in range(0, len(args), 4):
-    name, form, lr, momentum = args[i], args[i + 1], float(args[i + 2]), float(args[i + 3])
+for name, form, lr, momentum in cases(sys.argv[1:], 4):
     report(case=f"{name}-{form}", rank=hvd.rank(),
-           **resume_case(name, form, lr, momentum, x, y))
+           **resume_case(name, form, float(lr), float(momentum), x, y))

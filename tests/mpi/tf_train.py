@@ -20,7 +20,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 from hvdcomp import registry  # noqa: E402
-from report import report  # noqa: E402
+from report import cases, report  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 from digits import load_digits  # noqa: E402
@@ -150,10 +150,8 @@ def keras_case(method, epochs, lr, out):
                                          for v in kmodel.trainable_variables)
 
 
-args = sys.argv[1:]
-assert args and len(args) % 2 == 0, "cases of two: method epochs"
-for i in range(0, len(args), 2):
-    method, epochs = args[i], int(args[i + 1])
+for method, epochs in cases(sys.argv[1:], 2):
+    epochs = int(epochs)
     lr, momentum = registry.lr_momentum(method, "tf-test")
     assert momentum == 0, "the TF tests run plain SGD"
     tf.keras.backend.clear_session()  # layer names from 'dense' again

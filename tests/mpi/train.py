@@ -8,7 +8,7 @@ import sys
 import horovod.torch as hvd
 
 from hvdcomp.hierarchical import node_layout
-from report import report
+from report import cases, report
 from torch_common import (build, compression_for, compressor_object, evaluate,
                           load_digits_split, rank_shard, train)
 
@@ -34,9 +34,6 @@ def train_case(name, epochs, lr, momentum, xtr, ytr, xte, yte):
 hvd.init()
 (xtr, ytr), (xte, yte) = load_digits_split(0)
 xtr, ytr = rank_shard(xtr, ytr)
-args = sys.argv[1:]
-assert args and len(args) % 4 == 0, "cases of four: compression epochs lr momentum"
-for i in range(0, len(args), 4):
-    name, epochs, lr, momentum = args[i], int(args[i + 1]), float(args[i + 2]), float(args[i + 3])
+for name, epochs, lr, momentum in cases(sys.argv[1:], 4):
     report(case=f"{name}-{epochs}", rank=hvd.rank(),
-           **train_case(name, epochs, lr, momentum, xtr, ytr, xte, yte))
+           **train_case(name, int(epochs), float(lr), float(momentum), xtr, ytr, xte, yte))
