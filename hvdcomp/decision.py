@@ -48,9 +48,10 @@ same threshold, applied from the next step on):
   revisits are also spaced so that a probe's cost stays within ``budget`` of the time the
   exchange takes: where the last probe's other candidates cost E seconds more than the choice
   would have, the next revisit comes no sooner than E / (budget x the choice's median) steps
-  (up to 16 x ``revisit``). Where passing wins by far (a fast wire: compressing steps cost
-  several times a passed one), a 660-step run then probes once instead of three times; where
-  the candidates are close, a probe costs little and revisits stay frequent.
+  (up to 16 x ``revisit``), where every other candidate was dropped at the screen (after a
+  close choice, which noise may have decided, the regular revisits). Where passing wins by far
+  (a fast wire: compressing steps cost several times a passed one), a 660-step run then probes
+  once instead of three times.
 
 Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
 compresses; for benchmarks and tests), ``'pass'`` (always the last). Methods whose result is the
@@ -218,7 +219,11 @@ class Decision:
 
     def _affordable(self, chosen):
         """The steps after which a probe like the last one costs ``budget`` of the exchange:
-        each other candidate ran its samples and ``settle`` steps at its mean."""
+        each other candidate ran its samples and ``settle`` steps at its mean. Only where every
+        other candidate was dropped at the screen (a clear choice); after a close one (a
+        finalist lost: noise may have decided it), 0: the regular revisits."""
+        if any(len(w) >= self.samples for i, w in self.taken.items() if i != chosen):
+            return 0
         extra = sum((float(np.mean(w)) - self.medians[chosen]) * (len(w) + self.settle)
                     for i, w in self.taken.items() if i != chosen)
         return math.ceil(max(extra, 0.0) / (self.budget * self.medians[chosen]) - 1e-6)

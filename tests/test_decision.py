@@ -107,6 +107,9 @@ def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
     d = Decision("measure", 1024, revisit=200, budget=0.5)
     feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert d.interval == 200  # the probe is cheap enough for the regular revisit
+    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    feed(d, (30, lambda t, i: 0.01 if t == NEVER else 0.014))  # finalists: a close choice
+    assert d.threshold == NEVER and d.interval == 200
 
 
 def test_noise_within_the_band_keeps_the_choice_and_a_drift_probes_again():
