@@ -106,7 +106,7 @@ class Decision:
         self.current = 0 if mode != "pass" else -1  # index into thresholds (-1: NEVER)
         self.phase = "probe" if mode == "measure" else "fixed"
         self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
-        self.windows = []  # windows counted for the candidate under way (probe) or watched (hold)
+        self.windows = []  # hold: the chosen candidate's last windows, watched
         self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
         self.taken = {}  # probe: candidate -> its samples so far
         self.queue = None  # probe: the candidates still to run in this round (None: not begun)
@@ -161,7 +161,7 @@ class Decision:
             return
         if window < 0:
             if self.phase == "probe":
-                self.windows, self.seen = [], 0
+                self.seen = 0
             return
         self.seen += steps if self.phase == "hold" else 1
         if self.phase == "hold":
@@ -174,7 +174,7 @@ class Decision:
         the others, most compression first."""
         others = [i for i in range(len(self.thresholds)) if i != self._index()]
         self.queue, self.round = [self._index()] + others, "screen"
-        self.taken, self.medians, self.spreads, self.windows = {}, {}, {}, []
+        self.taken, self.medians, self.spreads = {}, {}, {}
         self.seen = self.settle  # the first window observed is the candidate in force's
 
     def _index(self):

@@ -62,7 +62,7 @@ RESUME = (("marsit", "rank"), ("topk", "gathered"), ("sketchfusion", "rank"),
 @pytest.mark.parametrize("name, form", RESUME)
 def test_a_resume_in_node_stages_is_bit_identical(name, form):
     """Each rank's state is its shard's (under the tensor's name): a checkpoint restores it."""
-    res = results(resume_launch(RESUME, 4, 2), case=f"{name}-{form}")
+    res = results(resume_launch(RESUME, 4, 2), case=f"{name}-{form}")  # 4 ranks, 2 per node
     assert sorted(res) == [0, 1, 2, 3]
     for r in res.values():
         assert r["identical_steps"] == 12 and r["same"] and r["fresh_differs"]

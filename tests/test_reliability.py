@@ -1,5 +1,7 @@
 """Cross-framework agreement and fault behaviour on real MPI ranks."""
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
@@ -19,11 +21,12 @@ LOWER = sorted(m.lower() for m in METHODS)
 def cross_framework_launch(framework):
     """The directory of one launch of tests/mpi/cross_framework.py (3 ranks) for every method."""
     directory = tempfile.mkdtemp(prefix=f"hvdcomp-cross-{framework}-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     run(3, "cross_framework.py", framework, directory, *LOWER, timeout=120 + 20 * len(LOWER))
     return directory
 
 
-@pytest.mark.timeout(400)  # the first pays both frameworks' launches of every method
+@pytest.mark.timeout(500)  # the first pays both frameworks' launches of every method
 @pytest.mark.parametrize("method", LOWER)
 def test_torch_and_tensorflow_give_the_same_aggregate(method):
     """Same inputs, seed and settings: PyTorch and TensorFlow front ends produce the same
