@@ -21,7 +21,11 @@ every rank and agreed as the slowest rank's (it rides the next step's agreement 
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that
 allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
 the optimizer, the data loader, the user's evaluations and checkpoints between steps), so a pause
-of the training loop is not taken for a slow candidate. No cost model to be wrong.
+of the training loop is not taken for a slow candidate. No cost model to be wrong. Each candidate
+is timed as it runs once chosen: passing every tensor on quiet steps (no collective of hvdcomp's,
+``hvdcomp.engine.QuietSteps``) where they apply; a step that is not typical of its candidate (a
+preconditioner's dense warm-up, the first passed step of a tensor carrying its error memory) is
+not counted.
 
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
@@ -38,18 +42,22 @@ same threshold, applied from the next step on):
   to the exact sum: equal time, better gradients).
 - *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median rising
   above ``1 + band`` times the median it was chosen at, where ``band`` is the larger of
-  ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), or ``revisit``
-  steps passing (doubled each time the choice stands, up to 16 times), starts a new probe, the
-  chosen candidate first (it stays unless another wins by ``margin``). Noise within the band
-  changes nothing, so the choice does not flap. A median below ``1 - band`` times it becomes
-  the new reference without a probe: the choice got faster (its probe's steps came right after
-  another candidate's, or were among the first: Horovod negotiates a tensor's first allreduces),
-  which makes no other candidate better; a later rise is then measured from there. The
+  ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), to within
+  ``margin`` of what the fastest other candidate was measured at (a rise that leaves the choice
+  clearly faster than every other was cannot change it: a slower wire or busier cores slow the
+  others too), or ``revisit`` steps passing (doubled each time the choice stands, up to 16
+  times), starts a new probe, the chosen candidate first (it stays unless another wins by
+  ``margin``). Noise within the band changes nothing, so the choice does not flap. A median
+  below ``1 - band`` times it becomes the new reference without a probe, the others' medians
+  scaled alike: the choice got faster (its probe's steps came right after another candidate's,
+  or were among the first: Horovod negotiates a tensor's first allreduces), which makes no
+  other candidate better; a later rise is then measured from there. The
   revisits are also spaced so that a probe's cost stays within ``budget`` of the time the
   exchange takes: where the last probe's other candidates cost E seconds more than the choice
   would have, the next revisit comes no sooner than E / (budget x the choice's median) steps
-  (up to 16 x ``revisit``), where every other candidate was dropped at the screen (after a
-  close choice, which noise may have decided, the regular revisits). Where passing wins by far
+  (up to 16 x ``revisit``), where the choice was clear (every other candidate's median over
+  ``1 + abort`` times the choice's; after a close choice, which noise may have decided, the
+  regular revisits). Where passing wins by far
   (a fast wire: compressing steps cost several times a passed one), a 660-step run then probes
   once instead of three times.
 
@@ -153,8 +161,9 @@ class Decision:
         seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
         ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
         ``speak``: log a new choice (rank 0); ``steps``: the steps since the last observation
-        (more than 1 after quiet steps, ``hvdcomp.engine.StepEngine._quiet``: they count toward
-        ``revisit``). The new threshold applies from the next step."""
+        (more than 1 after quiet steps, ``hvdcomp.engine.QuietSteps``, which ran the candidate in
+        force: they count toward ``revisit`` and ``settle``). The new threshold applies from the
+        next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel)
         if self.phase == "fixed" or window == 0:
@@ -163,7 +172,7 @@ class Decision:
             if self.phase == "probe":
                 self.seen = 0
             return
-        self.seen += steps if self.phase == "hold" else 1
+        self.seen += steps  # quiet steps ran the candidate in force: they settle it too
         if self.phase == "hold":
             self._hold(window, speak)
         elif self.seen > self.settle:
@@ -219,10 +228,11 @@ class Decision:
 
     def _affordable(self, chosen):
         """The steps after which a probe like the last one costs ``budget`` of the exchange:
-        each other candidate ran its samples and ``settle`` steps at its mean. Only where every
-        other candidate was dropped at the screen (a clear choice); after a close one (a
-        finalist lost: noise may have decided it), 0: the regular revisits."""
-        if any(len(w) >= self.samples for i, w in self.taken.items() if i != chosen):
+        each other candidate ran its samples and ``settle`` steps at its mean. Only after a
+        clear choice (every other candidate's median over ``1 + abort`` times the choice's);
+        after a close one (noise may have decided it), 0: the regular revisits."""
+        if any(m <= (1 + self.abort) * self.medians[chosen]
+               for i, m in self.medians.items() if i != chosen):
             return 0
         extra = sum((float(np.mean(w)) - self.medians[chosen]) * (len(w) + self.settle)
                     for i, w in self.taken.items() if i != chosen)
@@ -234,8 +244,11 @@ class Decision:
         ratio = (float(np.median(self.windows)) / self.medians[self.chosen]
                  if len(self.windows) == 2 * self.samples else 1.0)
         if ratio < 1 - band:  # faster than chosen at: the reference, not a reason to probe
-            self.medians[self.chosen] *= ratio
-        drifted = ratio > 1 + band
+            for i in self.medians:  # the others' too: what sped it up was likely common
+                self.medians[i] *= ratio
+        rival = min((m for i, m in self.medians.items() if i != self.chosen), default=math.inf)
+        now = ratio * self.medians[self.chosen]
+        drifted = ratio > 1 + band and now >= (1 - self.margin) * rival
         if drifted or self.seen >= self.interval:
             if speak:
                 log.info("compress-or-pass: probing again (%s)", "the step time drifted"
@@ -245,8 +258,9 @@ class Decision:
             self._begin_probe()
 
     def passes_all(self):
-        """Whether every tensor is passed, and stays so until the next observation."""
-        return self.threshold == NEVER and self.phase in ("hold", "fixed")
+        """Whether every tensor is passed, and stays so until the next observation (in a probe
+        too: the passing candidate is then timed on quiet steps, as it runs when chosen)."""
+        return self.threshold == NEVER
 
     def describe(self):
         """One line: the mode, phase and what is compressed."""

@@ -54,34 +54,49 @@ class QuietSteps:
     """Which steps leave their batch to Horovod without hvdcomp's agreement (no collective of
     hvdcomp's, no finiteness pass): where the last agreement found every rank's whole batch
     summed by Horovod's own allreduce (``Entry.by_horovod``), the decision passing every tensor
-    and NaN propagated (Horovod's sum carries it, as ``on_nonfinite='propagate'`` asks), every
-    step but each ``EVERY``-th (every rank counts the same steps), for a batch of the same size,
-    all by Horovod. Why: after Horovod's allreduce one more collective costs about as much as
-    Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4 ms/step under
-    ``hvd.Compression.none``, 9 ms with an agreement every step). On the agreed steps the checks
-    run as usual (a rank whose batch differs meets the others there, where the step numbers
-    differ, and every rank raises) and the decision observes the step time (``count``: the steps
-    since the last observation)."""
-    EVERY = 16
+    until its next observation (its choice, or the candidate its probe times) and NaN
+    propagated (Horovod's sum carries it, as ``on_nonfinite='propagate'`` asks), every step
+    but each ``every``-th (``EVERY``; ``PROBING`` while the decision probes, which then
+    observes a quiet step every other step; every rank counts the same steps), for a batch of
+    the same size, all by Horovod. Why: after Horovod's allreduce one more collective costs
+    about as much as Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4
+    ms/step under ``hvd.Compression.none``, 9 ms with an agreement every step). On the agreed
+    steps the checks run as usual (a rank whose batch differs meets the others there, where the
+    step numbers differ, and every rank raises) and the decision observes the window of the
+    step before (``since``: the steps the observation stands for)."""
+    EVERY, PROBING = 16, 2
 
     def __init__(self):
         self.size, self.count = 0, 0  # the batch size of quiet steps (0: none may follow)
+        self.every = self.EVERY
 
     def take(self, entries, step):
         """Whether this step (``step`` completed before it) is quiet; counts it."""
-        quiet = (self.size == len(entries) and step % self.EVERY != 0
+        quiet = (self.size == len(entries) and step % self.every != 0
                  and all(e.by_horovod for e in entries))
         self.count += quiet
         return quiet
 
-    def agreed(self, size, agreement, on_nonfinite, decision):
-        """After a step's first agreement (``size``: its batch size, 0 for a bucket of a step in
-        several): may quiet steps follow? Returns the steps the decision's observation stands
-        for."""
+    def expects(self, step):
+        """Whether the step after ``step`` completed ones may be quiet (``take`` decides)."""
+        return self.size > 0 and step % self.every != 0
+
+    def since(self):
+        """At a step's first agreement: the steps since the last one (1 + the quiet steps)."""
         steps, self.count = 1 + self.count, 0
-        self.size = size if (agreement.all_by_horovod and on_nonfinite == "propagate"
-                             and decision.passes_all()) else 0
         return steps
+
+    def agreed(self, entries, agreement, on_nonfinite, decision, ranks):
+        """After a step's first agreement and the decision's observation (``entries``: the
+        step's batch, none for a bucket of a step in several; ``ranks``: the set's size): may
+        quiet steps follow, and how many? ``figures``: their ``StepStats`` fields."""
+        quiet = agreement.all_by_horovod and on_nonfinite == "propagate" and decision.passes_all()
+        self.size = len(entries) if quiet else 0
+        self.every = self.PROBING if decision.phase == "probe" else self.EVERY
+        if quiet:
+            self.figures = dict(ranks=ranks, elements=sum(e.numel for e in entries),
+                                horovod_bytes=horovod_bytes(entries, ranks),
+                                decision=decision.as_dict())
 
 
 class SkipStep(Exception):
@@ -140,17 +155,19 @@ class Entry:
     """
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target", "gradient", "zero", "adam", "_signature")
+                 "own_scale", "into", "target", "gradient", "zero", "adam", "_signature",
+                 "source")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None,
-                 adam=None):
+                 adam=None, defer=False):
         self.key, self.ticket, self.adapter = key, Ticket(key), adapter
         self.shape, self.dtype, self.device = adapter.meta(tensor)
         self.dtype_name = adapter.describe_dtype(tensor)
         self.numel = math.prod(self.shape)
         self.by_horovod = self.dense = by_horovod
+        self.source = None
         if by_horovod:
-            self.status = checks.OK if adapter.all_finite(tensor) else checks.NONFINITE
+            self._read_status(tensor, defer)
             self.work = None
         else:
             self.status = checks.OK if adapter.is_supported(tensor) else checks.UNSUPPORTED
@@ -172,14 +189,30 @@ class Entry:
             self._signature = f"{self.key}|{tuple(self.shape)}|{self.dtype_name}\n".encode()
         return self._signature
 
-    def renew(self, tensor):
+    def renew(self, tensor, defer=False):
         """Make this entry ``by_horovod`` the entry of ``tensor``, the same key's gradient in a
         later step (``StepEngine.entry``): False, and nothing changed, unless ``tensor`` has the
         entry's shape, dtype and device; else its status is re-read and True returned."""
         if self.adapter.meta(tensor) != (self.shape, self.dtype, self.device):
             return False
-        self.status = checks.OK if self.adapter.all_finite(tensor) else checks.NONFINITE
+        self._read_status(tensor, defer)
         return True
+
+    def _read_status(self, tensor, defer):
+        """The status of an entry ``by_horovod`` (finite or not), or, with ``defer`` (the step
+        is expected to be quiet, ``QuietSteps``, where nothing reads it), None and ``source``
+        kept for ``status_now``."""
+        if defer:
+            self.status, self.source = None, tensor
+        else:
+            self.status = checks.OK if self.adapter.all_finite(tensor) else checks.NONFINITE
+
+    def status_now(self):
+        """Read a deferred status (``_read_status``): the step was not quiet after all. Horovod
+        may have summed the tensor in place by now: a rank's NaN/Inf is still in it."""
+        if self.status is None:
+            self._read_status(self.source, False)
+            self.source = None
 
     def release(self):
         """Drop the step's arrays (the result is kept elsewhere; it may be ``into``)."""
@@ -242,7 +275,9 @@ class StepEngine:
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
         self.scale = 1.0  # the loss scale of the step under way (hvdcomp.loss_scale)
-        self.warming = False  # some tensor of the step is dense for a preconditioner's warm-up
+        # the step is not typical of the decision's candidate: some tensor is dense for a
+        # preconditioner's warm-up, or a passed tensor carries its memory (the first passed step)
+        self.atypical = False
         self.quiet = QuietSteps()
         self.results = {}  # ticket -> (flat result, entry)
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
@@ -282,10 +317,13 @@ class StepEngine:
         steps: ~4 ms per step). The step's first call starts the decision's timing window."""
         self.decision.begin()
         if by_horovod:
+            defer = self.quiet.expects(self.step)
             kept = self.summed.get(key)
-            if kept is not None and kept.ticket not in self.results and kept.renew(tensor):
+            if (kept is not None and kept.ticket not in self.results
+                    and kept.renew(tensor, defer)):
                 return kept
-        made = Entry(key, tensor, adapter, by_horovod, identity)
+        made = Entry(key, tensor, adapter, by_horovod, identity,
+                     defer=by_horovod and self.quiet.expects(self.step))
         if by_horovod:
             self.summed[key] = made
         return made
@@ -305,6 +343,8 @@ class StepEngine:
         """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
         ``end_step=False`` (one bucket of a step) the step is not ended and a batch to skip
         raises ``SkipStep``. Returns the batch's ``StepStats``."""
+        if end_step and self.batch == 0 and self.quiet.take(entries, self.step):
+            return self._pass_quietly(entries)
         ctx = self.context()
         before, t0 = ctx.stats.snapshot(), time.perf_counter()
         self.phases = {}
@@ -322,13 +362,29 @@ class StepEngine:
             step=self.step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
             bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases,
-            horovod_bytes=ring_bytes(sum(e.numel * (8 if e.dtype_name == "float64" else 4)
-                                         for e in entries if e.by_horovod), ctx.size),
+            horovod_bytes=horovod_bytes(entries, ctx.size),
             decision=self.decision.as_dict())
         if end_step:
             self.end_step([stats])
         else:
             self.batch += 1
+        return stats
+
+    def _pass_quietly(self, entries):
+        """A quiet step (``QuietSteps``): every result is Horovod's own, nothing is staged or
+        communicated; the step ends with the figures of the agreed step that allowed it."""
+        t0 = time.perf_counter()
+        self.decision.begin()  # where no compress() came first
+        self.atypical = False
+        results = self.results
+        for e in entries:
+            results[e.ticket] = (SUMMED, e)
+            e.source = None
+        self.decision.step_done()
+        self.step += 1
+        self.last_stats = stats = StepStats(
+            steps=1, step=self.step, seconds=time.perf_counter() - t0, **self.quiet.figures)
+        self.total_stats.add(stats)
         return stats
 
     def _reduce_batch(self, ctx, entries, end_step):
@@ -338,16 +394,14 @@ class StepEngine:
         if first:
             self.scale = loss_scale.current()
             self.decision.begin()  # where no compress() came first (graph front ends)
-        if first and end_step and self.quiet.take(entries, self.step):
-            return [SUMMED] * len(entries), []
-        self.warming = self._classify(entries) or (self.warming and not first)
+        self.atypical = self._classify(entries) or (self.atypical and not first)
         agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
                               self.decision.last_window if first else 0.0)
         if first:
-            steps = self.quiet.agreed(len(entries) if end_step else 0, agreed,
-                                      self.on_nonfinite, self.decision)
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
-                                  steps=steps)
+                                  steps=self.quiet.since())
+            self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
+                              self.decision, ctx.size)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]
@@ -355,6 +409,7 @@ class StepEngine:
         rescaled = self._unscale(live)
         for e in small:
             if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
+                self.atypical = self.atypical or self.store.get(e.key) is not None
                 self.carry(self.store, e, preconditioning.memory_units(self.pre, e))
         n = self.method.n_scalars
         with self.phase("encode"):
@@ -395,6 +450,7 @@ class StepEngine:
         warming = False
         for e in entries:
             if e.by_horovod:
+                e.status_now()
                 continue
             passed = not self.decision.compresses(e.numel)
             e.dense = e.status != checks.OK or passed or self.pre.makes_dense(e, self.store)
@@ -427,7 +483,7 @@ class StepEngine:
         set ``last_stats``."""
         self.store.commit()
         self.pre.land()
-        self.decision.step_done(typical=not self.warming)
+        self.decision.step_done(typical=not self.atypical)
         self.batch = 0
         self.step += 1
         step = StepStats(steps=1, step=self.step, ranks=self.context().size)
@@ -498,6 +554,12 @@ def report_nonfinite(engine, where):
 
 def _set_name(ranks):
     return "of every rank" if ranks is None else f"of ranks {list(ranks)}"
+
+
+def horovod_bytes(entries, ranks):
+    """What Horovod's ring allreduce sends per rank for the ``entries`` it sums."""
+    return ring_bytes(sum(e.numel * (8 if e.dtype_name == "float64" else 4)
+                          for e in entries if e.by_horovod), ranks)
 
 
 def reduce_dense(ctx, entries, phase):

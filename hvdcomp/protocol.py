@@ -95,7 +95,7 @@ class BatchedCompressor:
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
         self.preconditioner = preconditioning.make(precondition, self.under_adam)
-        self._pending, self._pending_keys = [], set()
+        self._pending = {}  # key -> Entry recorded by compress() since the last flush
         self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()
         self._fusion_mode = validate.choice(
@@ -111,6 +111,7 @@ class BatchedCompressor:
     def _start_fresh(self):
         """Empty state, step 0: the compressor as just built."""
         self.store = state.StateStore()
+        self._bound_set = _UNBOUND  # the process set the engine was last bound to (compress)
         self.decision = Decision(self._decision_mode if self.returns_step() is None else "compress",
                                  self.min_compress_numel)  # (see hvdcomp.decision)
         self.engine = StepEngine(hierarchical.wrap(self, self.hierarchy_mode), self.store,
@@ -172,21 +173,22 @@ class BatchedCompressor:
                 self._start_fresh()
             elif verdict == ownership.FORGET:
                 self.engine.forget(ident.name)
-            self.engine.bind(ownership.process_set_ranks(ident.process_set))
+            if ident.process_set is not self._bound_set:
+                self.engine.bind(ownership.process_set_ranks(ident.process_set))
+                self._bound_set = ident.process_set
             self._ownership.check_parameters(self.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
                 # Graph front ends (TensorFlow) trace this once; decompress() builds the step.
                 return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
             key = ident.name
-            if key in self._pending_keys:
+            if key in self._pending:
                 raise HvdcompError(
                     f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
                     "several optimizers share a compressor, give each its own instance, e.g. "
                     f"compression=hvdcomp.{type(self).__name__}().")
             entry = self.engine.entry(key, tensor, adapter,
                                       horovod_sums(self, tensor, adapter, ident), ident)
-            self._pending.append(entry)
-            self._pending_keys.add(key)
+            self._pending[key] = entry
             if self._fusion is not None:
                 self._fusion.arrived(entry)
         return (tensor if entry.by_horovod else _placeholder(adapter, tensor)), entry.ticket
@@ -204,7 +206,9 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            pending = self._pending and next((e for e in self._pending if e.ticket is ctx), None)
+            pending = self._pending.get(getattr(ctx, "key", None))
+            if pending is not None and pending.ticket is not ctx:
+                pending = None
             done = self.engine.results.get(ctx)  # LayerFusion: may be done and pending alike
             if not pending and done is None:
                 raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
@@ -230,7 +234,7 @@ class BatchedCompressor:
                                        self.method, world_rank())
 
     def _flush(self):
-        entries, self._pending, self._pending_keys = self._pending, [], set()
+        entries, self._pending = list(self._pending.values()), {}
         if self._fusion is not None:
             self._fusion.finish_step(entries)
         else:
@@ -240,7 +244,7 @@ class BatchedCompressor:
         """Before ``UnsupportedOpError``: drop the step under way (state unchanged); raise
         ``LaunchError`` for a launch without MPI ranks, ``JoinError`` where a rank in hvd.join()
         explains the placeholder (``checks.confirm_op_refusal``, or LayerFusion's worker)."""
-        entries, self._pending, self._pending_keys = self._pending, [], set()
+        entries, self._pending = list(self._pending.values()), {}
         found = self._fusion.abandon(entries) if self._fusion else self.engine.abort_step(entries)
         if isinstance(found, JoinError):
             raise found from None
@@ -314,6 +318,9 @@ class BatchedCompressor:
     def describe_fusion(self):
         """One line describing the buckets in use (on a bare class: its default instance's)."""
         return f"{self.method}: {bucketing.describe(self._fusion)}"
+
+
+_UNBOUND = object()
 
 
 def horovod_sums(compressor, tensor, adapter, ident):

@@ -88,7 +88,9 @@ def test_a_choice_that_gets_faster_is_the_new_reference_not_a_probe():
     seen = feed(d, (60, lambda t, i: 0.004 if t == NEVER else 0.030))
     assert set(seen) == {NEVER} and d.phase == "hold"  # no probe
     assert d.medians[d.chosen] == pytest.approx(0.004)
-    seen = feed(d, (20, lambda t, i: 0.008 if t == NEVER else 0.030))  # twice the reference
+    # the others' medians were scaled alike (to ~0.011): a rise to them probes
+    assert d.medians[0] == pytest.approx(0.030 * 0.004 / 0.011)
+    seen = feed(d, (20, lambda t, i: 0.012 if t == NEVER else 0.030))  # 3x the reference
     assert any(t != NEVER for t in seen)  # a probe
 
 
@@ -117,9 +119,23 @@ def test_noise_within_the_band_keeps_the_choice_and_a_drift_probes_again():
     noisy = [0.010, 0.012, 0.009, 0.011]
     feed(d, (60, lambda t, i: (noisy[i % 4] if t == NEVER else 0.030)))
     assert d.phase == "hold" and d.threshold == NEVER and d.switches == 0
-    # The step time of the choice doubles (the network got slower): probed again, compressed.
-    feed(d, (40, lambda t, i: {NEVER: 0.020, 16384: 0.016}.get(t, 0.012)))
+    # The step time of the choice quadruples (the wire got 4x slower; compressing, which sends
+    # less, only a little slower): probed again, compressed.
+    feed(d, (40, lambda t, i: {NEVER: 0.040, 16384: 0.036}.get(t, 0.032)))
     assert d.threshold == 1024 and d.switches == 1
+
+
+def test_a_rise_that_leaves_the_choice_faster_than_the_others_were_does_not_probe():
+    """Busy cores or a noisy neighbour: the choice's step time rises well past the band but
+    stays under what the other candidates were measured at (they would be slowed too): no
+    probe, whose compressing steps would cost more than they could find."""
+    d = Decision("measure", 1024, drift=0.25, revisit=10_000)
+    feed(d, (12, lambda t, i: 0.010 if t == NEVER else 0.030))
+    assert d.phase == "hold" and d.threshold == NEVER
+    seen = feed(d, (200, lambda t, i: 0.020 if t == NEVER else 0.060))  # twice, all alike
+    assert set(seen) == {NEVER} and d.phase == "hold"
+    seen = feed(d, (20, lambda t, i: 0.029 if t == NEVER else 0.060))  # near the others'
+    assert any(t != NEVER for t in seen)  # a probe
 
 
 def test_revisits_back_off_while_the_choice_stands():
