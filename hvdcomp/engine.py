@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hvdcomp import checks, feedback, kernels, loss_scale, preconditioning
+from hvdcomp import checks, feedback, kernels, loss_scale
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
 from hvdcomp.errors import HvdcompError
@@ -410,7 +410,7 @@ class StepEngine:
         for e in small:
             if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
                 self.atypical = self.atypical or self.store.get(e.key) is not None
-                self.carry(self.store, e, preconditioning.memory_units(self.pre, e))
+                self.pre.carry(self.carry, self.store, e)
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)

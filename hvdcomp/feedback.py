@@ -39,16 +39,16 @@ def compensate(batch, entry):
     return entry.compensated
 
 
-def carry(store, entry, units=1.0):
+def carry(store, entry):
     """Add the tensor's memory ``e`` to what ``entry`` sends uncompressed this step (``work +
-    units * e``, a new array: ``units`` converts the memory into the working array's units,
-    ``hvdcomp.preconditioning.memory_units``) and stage its removal, when it has one: a tensor
-    the compress-or-pass decision passes (``hvdcomp.decision``) loses nothing of what its
-    compressed steps left unapplied. A skipped step rolls the removal back with the rest."""
+    e``, a new array) and stage its removal, when it has one: a tensor the compress-or-pass
+    decision passes (``hvdcomp.decision``) loses nothing of what its compressed steps left
+    unapplied (a preconditioner may route it elsewhere: ``hvdcomp.preconditioning``). A skipped
+    step rolls the removal back with the rest."""
     memory = store.get(entry.key, like=entry.work)
     if memory is None:
         return
-    entry.work = entry.work + (memory * units if units != 1 else memory)
+    entry.work = entry.work + memory
     store.drop(entry.key)
 
 

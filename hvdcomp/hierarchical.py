@@ -174,17 +174,17 @@ class Hierarchical:
         self.inner.last_legs = {k: after[k].since(self._legs_before[k]) for k in after}
         return out
 
-    def carry(self, store, entry, units=1.0):
+    def carry(self, store, entry):
         """``feedback.carry`` for a tensor whose memory is its shard's (module docstring)."""
         memory = store.get(entry.key)
         if memory is None or self.hierarchy is None or np.size(memory) == entry.numel:
-            feedback.carry(store, entry, units)
+            feedback.carry(store, entry)
             return
         L, r = self.hierarchy.local_size, self.hierarchy.local_rank
         b = shard_bounds(entry.numel, L)
         add = np.zeros(entry.numel, dtype=np.float32)
         if np.size(memory) == b[r + 1] - b[r]:
-            add[b[r]:b[r + 1]] = np.asarray(xp.to_host(memory)).reshape(-1) * (units * L)
+            add[b[r]:b[r + 1]] = np.asarray(xp.to_host(memory)).reshape(-1) * L
         entry.work = entry.work + xp.from_host(add, entry.work)
         store.drop(entry.key)
 

@@ -41,6 +41,12 @@ class Identity:
     def makes_dense(self, entry, store):
         return False
 
+    def carry(self, carry, store, entry):
+        """Add the error-feedback memory of ``entry``, which the compress-or-pass decision now
+        passes, to what it sends (``carry(store, entry)``: ``hvdcomp.feedback.carry`` or the
+        method's own, e.g. node stages' shard memory)."""
+        carry(store, entry)
+
     def before(self, entries, store):
         pass
 
@@ -82,9 +88,28 @@ class FollowAdam(Identity):
     def __init__(self, warmup=adam.WARMUP):
         self.warmup = warmup
         self._landing = []  # (the user's Adam moments, the new momentum), written at land()
+        self._carried = {}  # key -> its gradient's size, of entries that send [g, memory]
+        self._adding = []  # (the user's Adam moments, what to add to its momentum) at land()
 
     def makes_dense(self, entry, store):
         return entry.adam is not None and entry.adam.steps() < self.warmup
+
+    def carry(self, carry, store, entry):
+        """The memory ``e`` of a tensor passed after compressed steps was kept of the momentum
+        sent, so it goes to the user's Adam's momentum, not into its gradient: the entry sends
+        ``[g, e]`` (one exact sum, twice the elements for this one step), its result is the mean
+        of ``g``, and as the step lands the momentum ``m`` becomes ``m + mean(e) / b1``, which
+        Adam's own update turns into ``b1 m + (1 - b1) mean(g) + mean(e)``: everything the
+        compressed steps left unapplied, with the second moment fed the gradient alone (``e``
+        put in the gradient as ``e / (1 - b1)`` would add ``(1 - b2)(e / (1 - b1))**2``, ~100
+        times ``e**2`` at ``b1 = 0.9``, to ``v`` and slow every later step; charlm + AdamW).
+        Adam with ``b1 = 0`` has no momentum to hold it: ``e`` joins its gradient."""
+        if entry.adam is None or entry.adam.beta1 == 0.0 or store.get(entry.key) is None:
+            return carry(store, entry)
+        memory = _Shadow(entry.key, xp.zeros_like(entry.work), entry.numel)
+        carry(store, memory)
+        self._carried[entry.key] = entry.numel
+        entry.work = xp.concat([entry.work, memory.work], entry.work)
 
     def before(self, entries, store):
         for e in entries:
@@ -100,14 +125,30 @@ class FollowAdam(Identity):
             if e.adam is not None and not e.dense and e.status == checks.OK:
                 self._landing.append((e.adam, kept_copy(store, f"{e.key}#m{WORK}",
                                                         reduced[e.key])))
+            n = self._carried.pop(e.key, None)
+            if n is not None and e.status == checks.OK:
+                both = reduced[e.key]
+                reduced[e.key] = both[:n]
+                self._adding.append((e.adam, both[n:] * (1.0 / e.adam.beta1)))
 
     def land(self):
         for moments, momentum in self._landing:
             moments.set_exp_avg(momentum)
-        self._landing = []
+        for moments, memory in self._adding:
+            moments.set_exp_avg(xp.add(memory, moments.exp_avg(memory), out=memory))
+        self.drop()
 
     def drop(self):
-        self._landing = []
+        self._landing, self._adding, self._carried = [], [], {}
+
+
+class _Shadow:
+    """What ``hvdcomp.feedback.carry`` (or a method's carry) reads and writes of an entry: the
+    memory of ``key`` is added to ``work`` (zeros of the entry's size)."""
+    __slots__ = ("key", "work", "numel")
+
+    def __init__(self, key, work, numel):
+        self.key, self.work, self.numel = key, work, numel
 
 
 def kept_copy(store, key, array):
@@ -124,16 +165,6 @@ def sends_momentum(preconditioner, entry):
     coordinate left out of the sparse mean loses its step, not only its delay
     (benchmarks/convergence.py --tasks recipes)."""
     return isinstance(preconditioner, FollowAdam) and entry.adam is not None and not entry.dense
-
-
-def memory_units(preconditioner, entry):
-    """What one unit of ``entry``'s error-feedback memory is worth in its gradient, when the
-    gradient itself is sent (``hvdcomp.feedback.carry``): ``1 / (1 - beta1)`` where the memory was
-    kept of the user's Adam momentum (``FollowAdam``: the momentum takes ``(1 - beta1)`` of the
-    gradient, so ``e / (1 - beta1)`` in the gradient puts ``e`` into the momentum), else 1."""
-    if isinstance(preconditioner, FollowAdam) and entry.adam is not None:
-        return 1.0 / (1.0 - entry.adam.beta1)
-    return 1.0
 
 
 class Rms(Identity):
@@ -217,6 +248,9 @@ class ThroughAdam:
 
     def makes_dense(self, entry, store):
         return self.inner.makes_dense(entry, store)
+
+    def carry(self, carry, store, entry):
+        self.inner.carry(carry, store, entry)
 
     def before(self, entries, store):
         self.inner.before(entries, store)

@@ -186,6 +186,26 @@ def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(nam
         assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
 
 
+@pytest.mark.parametrize("name", ["marsit", "topk"])
+def test_under_adamw_a_passed_tensor_carries_its_memory_into_the_momentum_not_the_gradient(name):
+    """Under the user's AdamW, a tensor passed after compressed steps (its memory kept of the
+    momentum sent, ``hvdcomp.preconditioning.FollowAdam``) hands its memory to Adam's momentum:
+    Adam's moments after that step are ``b1 m + (1 - b1) mean(g) + mean(e)`` and ``b2 v + (1 -
+    b2) mean(g)**2``, the second moment not inflated by the memory (as ``e / (1 - b1)`` in the
+    gradient would)."""
+    res = results(run(4, "decision.py", name, 0.003, "adam-carry",
+                      env={"HVDCOMP_DECISION": "compress"}, timeout=240))
+    assert sorted(res) == list(range(4))
+    for r in res.values():
+        assert r["identical"]
+        carried = [t for t in r["tensors"].values() if t["memory"] > 0]
+        assert carried, r["tensors"]  # the large tensors had memory to carry
+        for n, t in r["tensors"].items():
+            assert t["passed"]
+            assert t["m_error"] <= 1e-5 * t["m_scale"] + 1e-9, (n, t)
+            assert t["v_error"] <= 1e-5 * t["v_scale"] + 1e-12, (n, t)
+
+
 @pytest.mark.parametrize("name,lr", [("marsit", 0.05), ("topk", 0.05)])
 def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
     res = results(run(4, "decision.py", name, lr, "resume", env=MEASURE, timeout=240))

@@ -2,7 +2,7 @@
 hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
-Args: compression lr, then 'carry' or 'resume'.
+Args: compression lr, then 'carry', 'resume' or 'adam-carry'.
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -15,6 +15,12 @@ Args: compression lr, then 'carry' or 'resume'.
   (model, optimizer, compressor) through torch.save, AFTER more steps; then a fresh model,
   optimizer and compressor load it and run the same steps. Reported: both runs' thresholds and
   digests per step.
+- adam-carry: under the user's ``torch.optim.AdamW`` (HVDCOMP_DECISION=compress set by the test),
+  the step after ``ADAM_COMPRESSED`` compressed ones (past the dense warm-up) passed by hand (the
+  decision's threshold set to its last candidate): every rank reports, per tensor, the largest
+  difference between Adam's moments after that step and what they must be when the memory goes
+  to the momentum, ``m = b1 m0 + (1 - b1) mean(g) + mean(e)`` and ``v = b2 v0 + (1 - b2)
+  mean(g)**2``, the largest ``|mean(e)|`` (something was carried) and the moments' scale.
 """
 import copy
 import io
@@ -29,7 +35,7 @@ from hvdcomp.comm.hierarchy import shard_bounds
 
 from report import report
 from torch_common import (batch, build, compression_for, compressor_object, digest,
-                          identical_across_ranks, load_digits_split)
+                          identical_across_ranks, load_digits_split, make_model)
 
 name, lr, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 STEPS, MIN_SAVE, MAX_SAVE, AFTER = 22, 14, 40, 4
@@ -148,4 +154,42 @@ def resume():
            mode=comp2.decision.mode, switches=comp.decision.switches)
 
 
-{"carry": carry, "resume": resume}[mode]()
+ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
+
+
+def adam_carry():
+    comp_arg = compression_for(name)
+    torch.manual_seed(0)
+    model = make_model()
+    adamw = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    # Horovod's optimizer is a new instance of a subclass of AdamW: its state is the one used
+    opt = hvd.DistributedOptimizer(adamw, named_parameters=model.named_parameters(),
+                                   compression=comp_arg)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    comp = compressor_object(comp_arg)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    for i in range(ADAM_COMPRESSED):
+        step(model, opt, i)
+    b1, b2 = opt.param_groups[0]["betas"]
+    params = dict(model.named_parameters())
+    before = {n: {k: opt.state[p][k].double().numpy().ravel().copy()
+                  for k in ("exp_avg", "exp_avg_sq")} for n, p in params.items()}
+    grads = mean_over_ranks(local_gradients(model, ADAM_COMPRESSED))
+    memory = mean_over_ranks(memory_of(comp, sizes))
+    comp.decision.current = -1  # pass every tensor from this step on
+    step(model, opt, ADAM_COMPRESSED)
+    out = {}
+    for n, p in params.items():
+        m0, v0 = before[n]["exp_avg"], before[n]["exp_avg_sq"]
+        m = opt.state[p]["exp_avg"].double().numpy().ravel()
+        v = opt.state[p]["exp_avg_sq"].double().numpy().ravel()
+        want_m = b1 * m0 + (1 - b1) * grads[n] + memory[n]
+        want_v = b2 * v0 + (1 - b2) * grads[n] ** 2
+        out[n] = {"m_error": float(abs(m - want_m).max()), "m_scale": float(abs(want_m).max()),
+                  "v_error": float(abs(v - want_v).max()), "v_scale": float(abs(want_v).max()),
+                  "memory": float(abs(memory[n]).max()),
+                  "passed": comp.last_stats.compressed_elements == 0}
+    report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model))
+
+
+{"carry": carry, "resume": resume, "adam-carry": adam_carry}[mode]()
