@@ -32,7 +32,8 @@ same threshold, applied from the next step on):
 
 - *probe*, in two rounds. The screen: each candidate runs ``settle`` steps (not counted: the
   window observed at a step is the previous step's, which ran the previous candidate; none where
-  the candidate is the one already in force) and one sample. The finalists, those whose sample
+  the candidate is the one already in force) and one sample; the one in force first (at the
+  start of training: passing every tensor), then the others, most compression first. The finalists, those whose sample
   is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
   force first, without settling); the others are dropped. So a hopeless candidate costs two
   steps whichever side of the winner it lies (in one round of a fixed order, only those after a
@@ -111,7 +112,9 @@ class Decision:
         self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
         self.drift, self.revisit, self.budget = drift, revisit, budget
         self.thresholds = None  # the candidates, fixed at the first step with sizes
-        self.current = 0 if mode != "pass" else -1  # index into thresholds (-1: NEVER)
+        # index into thresholds (-1: NEVER); a probe starts passing (the cheapest candidate to
+        # time: quiet steps; the first steps negotiate Horovod's allreduces anyway)
+        self.current = 0 if mode == "compress" else -1
         self.phase = "probe" if mode == "measure" else "fixed"
         self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
         self.windows = []  # hold: the chosen candidate's last windows, watched

@@ -36,7 +36,8 @@ def test_the_probe_chooses_the_fastest_candidate_and_holds_it(fastest):
     d = Decision("measure", 1024)
     seen = feed(d, (40, lambda t, i: 0.010 if t == fastest else 0.020))
     assert d.phase == "hold" and d.threshold == fastest
-    assert seen[:2] == [1024, 1024]  # the first step has no period, the second settles
+    assert seen[:2] == [NEVER, NEVER]  # passing first; the first step has no period, the
+    # second settles
     assert set(seen[-20:]) == {fastest}  # held: no flapping on a steady step time
     assert d.as_dict()["threshold"] == fastest
 
@@ -59,21 +60,21 @@ def test_a_hopeless_candidate_is_dropped_after_one_sample():
     fastest it lies: compressing more (passing wins) or less (compressing wins)."""
     d = Decision("measure", 1024, samples=3, settle=1, abort=0.5)
     seen = feed(d, (20, lambda t, i: 0.01 if t == 1024 else 0.10))
-    # 1 (no period) + 1 settle + 1 sample of 1024, 1 settle + 1 sample of each other, then
-    # 1 settle + 2 samples of 1024, held.
-    assert seen[:12] == [1024] * 3 + [16384] * 2 + [NEVER] * 2 + [1024] * 5
+    # 1 (no period) + 1 settle + 1 sample of passing (in force at the start), 1 settle + 1
+    # sample of each other, then 1 settle + 2 samples of 1024, held.
+    assert seen[:12] == [NEVER] * 3 + [1024] * 2 + [16384] * 2 + [1024] * 5
     assert d.phase == "hold" and d.threshold == 1024
     d = Decision("measure", 1024, samples=3, settle=1, abort=0.5)
     seen = feed(d, (20, lambda t, i: 0.01 if t == NEVER else 0.10))
-    # The finalist is the candidate in force: its last 2 samples follow without settling.
-    assert seen[:9] == [1024] * 3 + [16384] * 2 + [NEVER] * 4
-    assert sum(t != NEVER for t in seen) == 5  # before the rounds: 9 steps compressing
+    # The finalist, no longer in force, settles again and takes its last 2 samples.
+    assert seen[:10] == [NEVER] * 3 + [1024] * 2 + [16384] * 2 + [NEVER] * 3
+    assert sum(t != NEVER for t in seen) == 4  # before the rounds: 9 steps compressing
     assert d.phase == "hold" and d.threshold == NEVER
 
 
 def test_a_revisit_samples_the_choice_in_force_without_settling():
     d = Decision("measure", 1024, samples=3, settle=1, abort=0.5, revisit=10, budget=100)
-    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.10))
+    feed(d, (10, lambda t, i: 0.01 if t == NEVER else 0.10))
     assert d.phase == "hold" and d.threshold == NEVER
     seen = feed(d, (30, lambda t, i: 0.01 if t == NEVER else 0.10))
     assert d.phase == "hold" and d.threshold == NEVER and d.switches == 0
@@ -99,12 +100,12 @@ def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
     budget of a 10 ms exchange, no revisit before 1600 steps (capped at 16 x revisit); with a
     50% budget, 32 steps would do: the regular 200."""
     d = Decision("measure", 1024, revisit=200, budget=0.01)
-    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
+    feed(d, (10, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert d.phase == "hold" and d.threshold == NEVER and d.interval == 1600
     seen = feed(d, (1599, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert set(seen) == {NEVER}  # held: no revisit within the interval
     d = Decision("measure", 1024, revisit=200, budget=0.01)
-    feed(d, (9, lambda t, i: 0.01 if t == NEVER else 1.0))
+    feed(d, (10, lambda t, i: 0.01 if t == NEVER else 1.0))
     assert d.interval == 16 * 200  # the cap
     d = Decision("measure", 1024, revisit=200, budget=0.5)
     feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
@@ -150,7 +151,7 @@ def test_steps_of_a_preconditioner_warm_up_are_not_counted():
     d = Decision("measure", 1024)
     for _ in range(12):
         d.observe(-1.0, [16384])  # a dense warm-up (Decision.end(typical=False)): not counted
-    assert d.threshold == 1024 and d.medians == {}
+    assert d.threshold == NEVER and d.medians == {}  # still the first candidate
 
 
 def test_fixed_modes_and_the_state_round_trip():
