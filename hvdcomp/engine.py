@@ -136,7 +136,8 @@ class Entry:
     ``by_horovod``: Horovod's own allreduce sums this tensor (``compress`` handed it to Horovod
     as it is, see ``hvdcomp.protocol.horovod_sums``); hvdcomp holds it to the batch's agreement
     and finiteness verdict only: its status is set here, from the tensor as compress() saw it
-    (the adapter's ``all_finite``), and its result is a ``HorovodSum``.
+    (the adapter's ``all_finite``; with ``defer``, where the step is expected to be quiet, only
+    if it turns out not to be: ``status_now``), and its result is a ``HorovodSum``.
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
@@ -316,14 +317,13 @@ class StepEngine:
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
         steps: ~4 ms per step). The step's first call starts the decision's timing window."""
         self.decision.begin()
+        defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
         if by_horovod:
-            defer = self.quiet.expects(self.step)
             kept = self.summed.get(key)
             if (kept is not None and kept.ticket not in self.results
                     and kept.renew(tensor, defer)):
                 return kept
-        made = Entry(key, tensor, adapter, by_horovod, identity,
-                     defer=by_horovod and self.quiet.expects(self.step))
+        made = Entry(key, tensor, adapter, by_horovod, identity, defer=defer)
         if by_horovod:
             self.summed[key] = made
         return made
@@ -406,7 +406,7 @@ class StepEngine:
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]
         small = [e for e in live if e.dense and not e.by_horovod]
-        rescaled = self._unscale(live)
+        rescaled = unscale(live, self.scale)
         for e in small:
             if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
                 self.atypical = self.atypical or self.store.get(e.key) is not None
@@ -462,22 +462,6 @@ class StepEngine:
                     e.status = checks.NONFINITE
         return warming
 
-    def _unscale(self, entries):
-        """Divide the working arrays of ``entries`` that the step's loss scale applies to by it
-        (in place where the array is the user's gradient, which the result overwrites anyway;
-        else into a new array), so that methods and state see unscaled gradients; returns those
-        entries, whose results are to be multiplied by the scale again (``hvdcomp.loss_scale``)."""
-        if self.scale == 1.0:
-            return ()
-        inverse = 1.0 / self.scale
-        out = [e for e in entries if e.gradient and not e.by_horovod and e.status == checks.OK]
-        for e in out:
-            if e.into is not None:  # a view of the user's gradient, as ``work``
-                e.work *= inverse
-            else:
-                e.work = e.work * inverse
-        return out
-
     def end_step(self, batch_stats):
         """End a step reduced in one or several batches: commit the state, count one step,
         set ``last_stats``."""
@@ -519,6 +503,23 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def unscale(entries, scale):
+    """Divide the working arrays of ``entries`` that the step's loss ``scale`` applies to by it
+    (in place where the array is the user's gradient, which the result overwrites anyway;
+    else into a new array), so that methods and state see unscaled gradients; returns those
+    entries, whose results are to be multiplied by the scale again (``hvdcomp.loss_scale``)."""
+    if scale == 1.0:
+        return ()
+    inverse = 1.0 / scale
+    out = [e for e in entries if e.gradient and not e.by_horovod and e.status == checks.OK]
+    for e in out:
+        if e.into is not None:  # a view of the user's gradient, as ``work``
+            e.work *= inverse
+        else:
+            e.work = e.work * inverse
+    return out
 
 
 def unapplied(entry, like, nonfinite, on_nonfinite):

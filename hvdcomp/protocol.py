@@ -182,10 +182,7 @@ class BatchedCompressor:
                 return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
             key = ident.name
             if key in self._pending:
-                raise HvdcompError(
-                    f"{self.method}: tensor {key!r} was compressed twice before decompress(). If "
-                    "several optimizers share a compressor, give each its own instance, e.g. "
-                    f"compression=hvdcomp.{type(self).__name__}().")
+                raise _compressed_twice(self, key)
             entry = self.engine.entry(key, tensor, adapter,
                                       horovod_sums(self, tensor, adapter, ident), ident)
             self._pending[key] = entry
@@ -295,15 +292,10 @@ class BatchedCompressor:
                 self._fusion.load(mine.get("fusion"))
 
     # -- what a step did, and LayerFusion ------------------------------------------------------
-    @property
-    def last_stats(self):
-        """``StepStats`` of the last step (None before the first)."""
-        return self.engine.last_stats
-
-    @property
-    def total_stats(self):
-        """``StepStats`` summed over every step so far."""
-        return self.engine.total_stats
+    last_stats = property(lambda self: self.engine.last_stats,
+                          doc="``StepStats`` of the last step (None before the first).")
+    total_stats = property(lambda self: self.engine.total_stats,
+                           doc="``StepStats`` summed over every step so far.")
 
     precondition = property(lambda self: self.preconditioner.name, doc="None, 'rms' or 'adam'.")
     adam = property(lambda self: self.preconditioner.adam,
@@ -321,6 +313,14 @@ class BatchedCompressor:
 
 
 _UNBOUND = object()
+
+
+def _compressed_twice(compressor, key):
+    """The error for a tensor ``key`` that ``compressor`` records twice in one step."""
+    return HvdcompError(
+        f"{compressor.method}: tensor {key!r} was compressed twice before decompress(). If "
+        "several optimizers share a compressor, give each its own instance, e.g. "
+        f"compression=hvdcomp.{type(compressor).__name__}().")
 
 
 def horovod_sums(compressor, tensor, adapter, ident):
