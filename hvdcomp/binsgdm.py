@@ -24,11 +24,17 @@ SGD on raw gradients (tested in tests/test_binsgdm.py).
 Per flush all gradients (of any size: small tensors are binarised too, so every parameter gets
 the same update rule) are fused into one vector of d votes. Wire, per rank, with L ranks per
 node and N nodes: inside the node the votes go out as packed bits (``d (L-1) / (8 L)`` bytes
-scattered: each shard's owner counts its node's votes from the L ranks' bits); between nodes
-``(N-1) * d / (8 L)`` bytes, i.e. each node's 1 bit per element to every other node; back
-inside the node, every node's bits of every shard (``N d (L-1) / (8 L)`` bytes gathered; each
-rank forms the totals itself) while that is less than the totals themselves (``d (L-1) / L``
-bytes as int8 when size <= 127, so with fewer than 8 nodes), else the totals. Per-step figures
+scattered: each shard's owner counts its node's votes from the L ranks' bits); between nodes,
+with two nodes, ``d / (8 L)`` bytes: each node's 1 bit per element to the other; with N >= 3
+nodes the nodes' bits are merged along a ring of the N ranks with this local rank, as Marsit
+merges ranks' bits (an incoming bit that aggregates k nodes is kept with probability k/(k+1),
+so each final bit is that of a node drawn uniformly and ``N L`` times it estimates the sum
+without bias): ``2 (N-1) / N * d / (8 L)`` bytes, so a node sends under 2 bits per element
+however many nodes there are (an all-gather would send N-1); the price is resolution (the
+estimate is +-size, where the all-gather's is a multiple of L). Back inside the node, the
+nodes' (or the merged) bits of every shard (``R d (L-1) / (8 L)`` bytes gathered, R = 2 rows,
+or 1 merged; each rank forms the totals itself) while that is less than the totals themselves
+(``d (L-1) / L`` bytes as int8 when size <= 127), else the totals. Per-step figures
 by leg: ``last_legs`` ({'intra', 'inter'}: CommStats); the totals are in ``last_stats`` as for
 every compressor.
 
@@ -41,6 +47,7 @@ import numpy as np
 from hvdcomp import kernels, validate
 from hvdcomp.algorithms import binsgdm as alg
 from hvdcomp.algorithms import moment_constants
+from hvdcomp.algorithms.marsit import MarsitMerge
 from hvdcomp.backend import pack_signs, stochastic, unpack_signs
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
@@ -122,21 +129,26 @@ class BinSGDM(BatchedCompressor):
             return host.rebinarised(node_sum, shard.node_size, key)
 
         total_dtype = small_int_dtype(ctx.size)
+        # 3+ nodes: the nodes' bits merged along a ring (module docstring); ``combine`` then
+        # gets one row standing for all N nodes, weighted N L
+        merge = MarsitMerge(self.seed, batch.step, hier.node, (batch.index, hier.local_rank))
+        rows = hier.message_rows(merge)
 
         def combine(messages, shard):
-            return host.vote_sums(messages, shard.size, shard.node_size, total_dtype)
+            weight = shard.node_size * shard.nodes // len(messages)
+            return host.vote_sums(messages, shard.size, weight, total_dtype)
 
         def node_sum(rows, count):  # the local ranks' packed votes, summed
             return host.vote_sums(rows, count, 1, votes.dtype)
 
         before = hier.leg_stats()
         with batch.phase("comm"):
-            # intra: votes out as bits; back, the nodes' bits instead of the totals while that
-            # is less (N bits against 8 bits per byte of the totals' dtype)
-            fewer = hier.nodes < 8 * total_dtype.itemsize
+            # intra: votes out as bits; back, the nodes' (or merged) bits instead of the totals
+            # while that is less (rows bits against 8 bits per byte of the totals' dtype)
+            fewer = rows < 8 * total_dtype.itemsize
             total = hier.allreduce(votes, encode, combine, total_dtype,
                                    intra_wire=(pack_votes, node_sum),
-                                   message_nbytes=packed_nbytes if fewer else None)
+                                   message_nbytes=packed_nbytes if fewer else None, merge=merge)
         after = hier.leg_stats()
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0

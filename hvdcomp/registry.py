@@ -160,7 +160,8 @@ class Expect:
     - ``invalid``: ``(argument, value)`` pairs the constructor refuses with a ValueError naming
       the argument.
     - ``traffic``: how bytes and message rounds grow with the world (benchmarks/cost_model.py):
-      ``"ring"``, ``"two-rings"``, ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"allgather"``.
+      ``"ring"``, ``"two-rings"``, ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"votes"``
+      (EF-signSGD, ``hvdcomp.comm.votes``).
     - ``state_suffixes``: state a method keeps per tensor beside its memory, under
       ``'<name><suffix>'`` (PowerSGD's ``'#q'``); ``state_keys`` lists what a checkpoint holds.
     - ``exact_vectors``: a compressed 1-D tensor is sent whole, exactly, and keeps no state
@@ -211,7 +212,7 @@ EXPECT = {
                                ("width", 0), ("exact", "yes"), ("seed", -1),
                                ("min_compress_numel", -1), ("on_nonfinite", "ignore"))),
     # 1 bit per element to each of the P - 1 others: 16x fewer bytes than fp32 at 4 ranks
-    "EFSignSGD": Expect("scaled-sign", 10, traffic="allgather", invalid=(
+    "EFSignSGD": Expect("scaled-sign", 10, traffic="votes", invalid=(
         ("min_compress_numel", -1), ("min_compress_numel", 2.5), ("on_nonfinite", "ignore"),
         ("seed", -1), ("fusion", "sometimes"), ("precondition", "sgd"))),
     # rank 4 on the digits model: 4 (n + m) floats per weight matrix, ~17x fewer bytes; a

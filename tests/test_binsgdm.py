@@ -155,6 +155,16 @@ def test_hierarchy_legs_and_layouts_on_4_ranks():
         assert h["inter_sent"] == 3 * N_BIG // 8
         assert bool(h["warned"]) == (rank == 0)
         assert "node sizes [3, 1]" in r["error"] and "node 1: ranks [3]" in r["error"]
+        # The merged inter leg (BinSGDM's with 3+ nodes): two nodes keep the exact all-gather;
+        # 4 nodes merge along a ring, 2 (N-1)/N bits per element instead of N-1, unbiased.
+        assert r["2x2"]["merged"]["rows"] == 2 and r["2x2"]["merged"]["identical"]
+        for name in ("4x1", "uneven31"):
+            m = r[name]["merged"]
+            assert m["rows"] == 1 and m["identical"] and m["narrow_same"]
+            assert set(m["values"]) <= {-4, 4}
+            assert m["inter_sent"] == m["node_inter_sent"] == 2 * 3 * N_BIG // 8 // 4
+            assert m["exact_where_certain"] and m["noisy"] > 3000
+            assert m["z_max"] < 5.5 and 0.8 < m["z2_mean"] < 1.2     # unbiased
     assert "node sizes [3, 1]" in res[0]["uneven31"]["warned"][0]
 
 
@@ -202,8 +212,9 @@ def test_uneven_nodes_fall_back_to_one_rank_per_node_or_refuse():
         assert r["flat_fallback"] and r["node_sizes"] == [2, 1]
         assert r["layout"] == "3 node(s) x 1 rank(s), flattened from node sizes [2, 1]"
         assert bool(r["warnings"]) == (rank == 0)
-        assert r["legs"] == {"intra": 0, "inter": 2 * -(-3000 // 8)}
-        assert set(r["mean_times_size"]) <= {-3.0, -1.0, 1.0, 3.0}
+        # 3 nodes of one rank: the votes merged along a ring of 3 (2 * 2/3 of 375 bytes)
+        assert r["legs"] == {"intra": 0, "inter": 2 * 2 * -(-3000 // 8) // 3}
+        assert set(r["mean_times_size"]) <= {-3.0, 3.0}
         assert r["error"].startswith("HierarchyError") and "node sizes [2, 1]" in r["error"]
     assert "node sizes [2, 1]" in res[0]["warnings"][0]
 

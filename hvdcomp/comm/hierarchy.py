@@ -30,8 +30,14 @@ every rank; integer or float; its dtype must hold the sum over one node, see
 2. inter exchange (more than one node): ``encode(node_sum, shard) -> uint8 message`` (its length
    must depend only on the shard's length); the ranks of ``inter`` all-gather their messages;
    ``combine(messages, shard)`` gets them as a (nodes, nbytes) uint8 array in node order and
-   returns the shard's estimate of the sum over all ranks. With one node the shard's result is
-   ``node_sum`` itself.
+   returns the shard's estimate of the sum over all ranks. With ``merge`` (a per-hop combine of
+   ``hvdcomp.comm.ring``'s contract for packed messages, e.g. Marsit's unbiased bit merge) and
+   three or more nodes, the messages are instead merged along a ring of the ``inter`` ranks
+   (reduce-scatter with ``merge``, all-gather unchanged) and ``combine`` gets one row that
+   stands for every node (``message_rows``): each node then sends 2 (N-1)/N of a message
+   instead of N-1 of them, so its traffic stays flat as nodes are added. (With two nodes the
+   ring moves what the all-gather moves, so the exact all-gather is kept.) With one node the
+   shard's result is ``node_sum`` itself.
 3. intra all-gather of the shards' results, cast to ``out_dtype`` (default: ``x``'s dtype);
    or, with ``message_nbytes``, of the shards' nodes' messages, every rank then combining every
    shard itself.
@@ -44,7 +50,9 @@ Traffic per rank (itemsize b of ``x``, c of ``out_dtype``, L ranks per node, N n
 ~ n/L elements, B(k) message bytes for k elements):
 intra ``(L-1)/L * n * b`` (reduce-scatter; with ``intra_wire``, its packed bytes instead) +
 ``(L-1) * shard * c`` (gather; with ``message_nbytes``, ``(L-1) * N * B(shard)``);
-inter ``(N-1) * B(shard)``; for 1-bit messages each node sends its n bits to every other node.
+inter ``(N-1) * B(shard)`` (with ``merge`` and N > 2: ``2 (N-1)/N * B(shard)``, to chunk
+rounding); for 1-bit messages each node sends its n bits to every other node (merged: about 2n
+bits in all, whatever N).
 """
 import dataclasses
 import os
@@ -54,7 +62,7 @@ import warnings
 import numpy as np
 
 from hvdcomp.comm.context import CommContext, free_at_exit, free_now
-from hvdcomp.comm.ring import _exchange, chunk_bounds
+from hvdcomp.comm.ring import _exchange, chunk_bounds, ring_allreduce
 from hvdcomp.comm.stats import CommStats
 from hvdcomp.errors import HvdcompError
 
@@ -170,7 +178,7 @@ class Hierarchy:
 
     # -- the three stages -----------------------------------------------------------------------
     def allreduce(self, x, encode, combine, out_dtype=None, intra_wire=None,
-                  message_nbytes=None):
+                  message_nbytes=None, merge=None):
         """The sum over all ranks of ``x`` (see the module docstring); a new array.
         ``intra_wire``: None (the intra reduce-scatter sends ``x``'s own dtype), or
         ``(pack, node_sum)`` for values that fit a narrower wire format (e.g. ±1 votes, 1 bit
@@ -182,8 +190,9 @@ class Hierarchy:
         elements (``k -> int``); then, with several nodes, the intra gather sends each shard's
         nodes' messages (``N * B(shard)`` bytes) instead of its result (``shard * c``), and
         every rank combines every shard itself (the same deterministic ``combine``, so the
-        same result): less traffic when ``N * B(k) < k * c``, e.g. 1-bit messages from
-        fewer than 8 c nodes."""
+        same result): less traffic when ``R * B(k) < k * c`` (R = ``message_rows(merge)``),
+        e.g. 1-bit messages from fewer than 8 c nodes, or merged ones.
+        ``merge``: None, or the inter ring's per-hop combine (module docstring, stage 2)."""
         x = np.ascontiguousarray(x).reshape(-1)
         out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
         bounds = shard_bounds(x.size, self.local_size, self.align)
@@ -195,7 +204,8 @@ class Hierarchy:
             part = node_sum
         else:
             message = np.ascontiguousarray(encode(node_sum, shard), dtype=np.uint8).reshape(-1)
-            messages = self.exchange(message)
+            messages = (self.merge_ring(message, merge) if self.message_rows(merge) == 1
+                        else self.exchange(message))
             if message_nbytes is not None:
                 return self.allgather_messages(messages, bounds, combine, out_dtype,
                                                message_nbytes)
@@ -240,6 +250,24 @@ class Hierarchy:
                 leg.add(*_exchange(self.inter.comm, message, rows[src], dst, src))
         return rows
 
+    def message_rows(self, merge):
+        """How many rows of messages ``combine`` gets with ``merge`` (None or a per-hop combine):
+        1 when the nodes' messages are merged along a ring (``merge`` given, 3 nodes or more),
+        else one per node."""
+        return 1 if merge is not None and self.nodes > 2 else self.nodes
+
+    def merge_ring(self, message, merge):
+        """The nodes' ``message``s merged along the ring of ``inter`` ranks by ``merge`` (ring
+        reduce-scatter, then all-gather of the merged chunks): a (1, nbytes) array, identical
+        on every node; its bytes and time counted in the inter leg and the parent."""
+        buf = np.array(message, dtype=np.uint8, copy=True)
+        before = self.inter.stats.snapshot()
+        ring_allreduce(self.inter, buf, merge)
+        spent = self.inter.stats.since(before)
+        self.parent.stats.add(spent.bytes_sent, spent.bytes_recv, spent.messages)
+        self.parent.stats.seconds += spent.seconds
+        return buf[None, :]
+
     def allgather(self, part, bounds, dtype):
         """Every local rank's shard result, concatenated: the full length ``bounds[-1]``."""
         L, r = self.local_size, self.local_rank
@@ -254,10 +282,10 @@ class Hierarchy:
         return out
 
     def allgather_messages(self, messages, bounds, combine, dtype, message_nbytes):
-        """Every local rank's shard's ``(nodes, nbytes)`` messages gathered inside the node, and
+        """Every local rank's shard's ``(rows, nbytes)`` messages gathered inside the node, and
         every shard combined here: the full length ``bounds[-1]`` in ``dtype``."""
         L, r = self.local_size, self.local_rank
-        rows = [np.empty((self.nodes, message_nbytes(bounds[s + 1] - bounds[s])), np.uint8)
+        rows = [np.empty((len(messages), message_nbytes(bounds[s + 1] - bounds[s])), np.uint8)
                 for s in range(L)]
         rows[r] = np.ascontiguousarray(messages)
         with _Leg(self, self.intra) as leg:

@@ -2,7 +2,8 @@
 layouts of the same world. Reports, per layout: the layout, per-leg bytes of one all-reduce of
 N_BIG ±1 votes, exactness where the result must be exact, and rank identity; for 2 x 2 also
 a statistical check that the estimate of the sum is unbiased, and a float (lossless) exchange
-showing the module carries any encode/combine. Raises (non-zero exit) on a failed check."""
+showing the module carries any encode/combine; for every layout, the merged inter leg
+(``merge``, 3+ nodes) checked the same way. Raises (non-zero exit) on a failed check."""
 import hashlib
 import warnings
 
@@ -10,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.algorithms.marsit import MarsitMerge
 from hvdcomp.backend import pack_signs, unpack_signs
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.binsgdm import ReferencePath, pack_votes
@@ -42,6 +44,47 @@ def one_bit_codec(step):
         bits = [unpack_signs(row, shard.size, "int8") for row in messages]
         return alg.node_votes_total(bits, shard.node_size, small_int_dtype(size))
     return encode, combine
+
+
+def merged_codec(step, h):
+    """BinSGDM's codec with 3+ nodes: the re-binarised node sums merged along the inter ring
+    (Marsit's merge); ``combine`` gets one row standing for every node."""
+    encode, _ = one_bit_codec(step)
+
+    def combine(messages, shard):
+        bits = [unpack_signs(row, shard.size, "int8") for row in messages]
+        weight = shard.node_size * shard.nodes // len(messages)
+        return alg.node_votes_total(bits, weight, small_int_dtype(size))
+    return encode, combine, MarsitMerge(7, step, h.node, (h.local_rank,))
+
+
+def merged_checks(h):
+    """The merged inter leg (``merge``): rows, traffic, identity, and unbiasedness (z-scores of
+    the mean over REPS keys against the exact sum, per-element variance (N L)^2 - sum^2)."""
+    encode, combine, merge = merged_codec(1, h)
+    x = votes(N_BIG, 98)
+    before = h.leg_stats()
+    got = h.allreduce(x, encode, combine, small_int_dtype(size), merge=merge)
+    inter = h.leg_stats()["inter"].since(before["inter"])
+    narrow = h.allreduce(x, encode, combine, small_int_dtype(size), merge=merge,
+                         intra_wire=(pack_votes, node_votes), message_nbytes=packed_nbytes)
+    n, reps = 4096, 96
+    x = votes(n, 6)
+    want = exact_sum(x)
+    acc = np.zeros(n)
+    for r in range(reps):
+        encode, combine, merge = merged_codec(100 + r, h)
+        acc += h.allreduce(x, encode, combine, np.int8, merge=merge)
+    var = float(size) ** 2 - want.astype(np.float64) ** 2
+    noisy = var > 0
+    z = (acc[noisy] / reps - want[noisy]) / np.sqrt(var[noisy] / reps)
+    return dict(rows=h.message_rows(merge), identical=same_everywhere(got),
+                narrow_same=bool(np.array_equal(narrow, got)),
+                values=sorted(set(np.unique(got).tolist())), inter_sent=inter.bytes_sent,
+                node_inter_sent=int(h.intra.comm.allreduce(inter.bytes_sent)),
+                exact_where_certain=bool(np.array_equal(acc[~noisy] / reps, want[~noisy])),
+                z_max=float(np.abs(z).max()), z2_mean=float((z ** 2).mean()),
+                noisy=int(noisy.sum()))
 
 
 def node_votes(rows, count):
@@ -92,6 +135,7 @@ def run_layout(name, rpn, uneven="flat"):
 out = {}
 for name, rpn in (("2x2", 2), ("shared", None), ("1x4", 4), ("4x1", 1), ("uneven31", 3)):
     h, out[name] = run_layout(name, rpn)
+    out[name]["merged"] = merged_checks(h)
     if name == "2x2":
         # Unbiasedness of the whole pipeline: mean over REPS keys of the estimate vs the exact
         # sum, as z-scores with the per-element variance sum_n (L^2 - s_n^2).
