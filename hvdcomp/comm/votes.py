@@ -19,7 +19,7 @@ fused decode) gets the same majority from these two rows.
 Traffic per rank, in bits per voted element: ``ring_bits(size)`` = sum over k = 1..size-1 of
 ``k.bit_length() / size`` + ``(size-1)/size`` times 1 (odd size) or 2 (even); the all-gather's
 is ``size - 1``. Rounds: 2 (size - 1) sequential messages, against the all-gather's size - 1.
-``ring_pays(size)``: whether the ring moves fewer bits (size 3 and 4 or more; 2 ranks: the
+``ring_pays(size)``: whether the ring moves fewer bits (every size from 3 on; with 2 ranks the
 all-gather's 1 bit is less than the ring's 1.5).
 """
 import time
