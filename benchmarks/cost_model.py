@@ -27,11 +27,13 @@ Prediction for 8 x 8 and 32 x 8 ranks at 10 and 25 Gbit/s, assumptions:
   element to the other node with 2 nodes, merged along a ring of the nodes from 3): N-1, then
   2(N-1)/N; 'tree' (TopK): 8 + 4 ceil(log2 P) + 8 (P-1)/P bytes per selected element; 'votes'
   (EF-signSGD: an all-gather of the bits with 2 ranks, vote counts along a ring from 3,
-  ``hvdcomp.comm.votes.ring_bits``): P-1, then about log2 P. In node stages (``hvdcomp.hierarchical``:
+  ``hvdcomp.comm.votes.ring_bits``): P-1, then about log2 P. In node stages
+  (``hvdcomp.hierarchical``:
   the methods it wraps, several nodes of several ranks, not ``@hierarchy=flat``) the law applies
   to the N nodes: each node sends what one rank of an N-rank flat layout sends;
 - rounds: ring 2(P-1); two rings 4(P-1); BinSGDM 2(L-1) + (N-1), from 3 nodes 2(L-1) + 2(N-1);
-  TopK 2 ceil(log2 P) + 2(P-1); votes P-1, from 3 ranks 2(P-1); in node stages the method's rounds over N ranks plus 2 (the node's barriers);
+  TopK 2 ceil(log2 P) + 2(P-1); votes P-1, from 3 ranks 2(P-1); in node stages the method's
+  rounds over N ranks plus 2 (the node's barriers);
 - the links run at the fitted efficiency b; no congestion in the switch (full bisection), no
   overlap with the backward pass (one blocking all-reduce).
 """
@@ -46,6 +48,7 @@ from scipy.optimize import nnls
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hvdcomp import registry  # noqa: E402
 from hvdcomp.comm import votes  # noqa: E402
+from hvdcomp.comm.hierarchy import merges  # noqa: E402
 
 ORDER = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
 OWN_STAGES = {m for m, cls in registry.METHODS.items() if getattr(cls, "own_stages", False)}
@@ -74,7 +77,7 @@ def traffic_scale(method, nodes, per_node):
     if staged(method, nodes, per_node):
         return traffic_scale(method, nodes, 1)
     p = nodes * per_node
-    return {"nodes": lambda: max(nodes - 1, 0) if nodes < 3 else 2 * (nodes - 1) / nodes,
+    return {"nodes": lambda: 2 * (nodes - 1) / nodes if merges(nodes) else max(nodes - 1, 0),
             "tree": lambda: 8 + 4 * math.ceil(math.log2(p)) + 8 * (p - 1) / p,
             "votes": lambda: votes.ring_bits(p) if votes.ring_pays(p) else p - 1,
             }.get(law(method), lambda: 2 * (p - 1) / p)()
@@ -84,7 +87,7 @@ def rounds(method, nodes, per_node):
     if staged(method, nodes, per_node):
         return rounds(method, nodes, 1) + 2
     p = nodes * per_node
-    return {"nodes": lambda: 2 * (per_node - 1) + (nodes - 1) * (1 if nodes < 3 else 2),
+    return {"nodes": lambda: 2 * (per_node - 1) + (nodes - 1) * (2 if merges(nodes) else 1),
             "tree": lambda: 2 * math.ceil(math.log2(p)) + 2 * (p - 1),
             "two-rings": lambda: 4 * (p - 1),
             "votes": lambda: 2 * (p - 1) if votes.ring_pays(p) else p - 1,

@@ -31,9 +31,9 @@ scalar per tensor. With 2 ranks (or under Adam, whose scaled mean needs every ra
 are all-gathered: each rank sends ``(size-1) * sum(ceil(d_i/8))`` bytes, linear in size. With 3
 ranks or more the vote's counts go along a ring instead (``hvdcomp.comm.votes``: exact counts
 reduce-scattered in bit planes, the outcome all-gathered; 1.7 bits per element at 3 ranks, 2.75
-at 4, 3.9 at 8, growing as log N, in 2 (N-1) rounds), the same step bit for bit. Results are identical on every rank (every rank
-counts the same gathered bits). State per tensor: the memory ``e`` (``hvdcomp.feedback``).
-Host (NumPy/CPU) tensors run the fused kernels of ``hvdcomp.kernels`` (same numbers;
+at 4, 3.9 at 8, growing as log N, in 2 (N-1) rounds), the same step bit for bit. Results are
+identical on every rank (every rank counts the same gathered bits, or the same two rows).
+State per tensor: the memory ``e`` (``hvdcomp.feedback``). Host (NumPy/CPU) tensors run the fused kernels of ``hvdcomp.kernels`` (same numbers;
 ``HVDCOMP_KERNELS=numpy`` selects the reference path).
 """
 import numpy as np

@@ -100,6 +100,12 @@ def small_int_dtype(bound):
     raise ValueError(f"no integer dtype holds +-{bound}")
 
 
+def merges(nodes):
+    """Whether ``Hierarchy.allreduce`` merges the nodes' messages along a ring when given a
+    ``merge`` (3 nodes or more; with 2 the all-gather moves as many bits, exactly)."""
+    return nodes > 2
+
+
 def shard_bounds(n, parts, align=8):
     """Start offsets of ``parts`` nearly equal shards of ``n`` elements whose boundaries are
     multiples of ``align`` (the last shard takes the remainder), plus ``n`` at the end."""
@@ -254,7 +260,7 @@ class Hierarchy:
         """How many rows of messages ``combine`` gets with ``merge`` (None or a per-hop combine):
         1 when the nodes' messages are merged along a ring (``merge`` given, 3 nodes or more),
         else one per node."""
-        return 1 if merge is not None and self.nodes > 2 else self.nodes
+        return 1 if merge is not None and merges(self.nodes) else self.nodes
 
     def merge_ring(self, message, merge):
         """The nodes' ``message``s merged along the ring of ``inter`` ranks by ``merge`` (ring
