@@ -33,8 +33,9 @@ ranks or more the vote's counts go along a ring instead (``hvdcomp.comm.votes``:
 reduce-scattered in bit planes, the outcome all-gathered; 1.7 bits per element at 3 ranks, 2.75
 at 4, 3.9 at 8, growing as log N, in 2 (N-1) rounds), the same step bit for bit. Results are
 identical on every rank (every rank counts the same gathered bits, or the same two rows).
-State per tensor: the memory ``e`` (``hvdcomp.feedback``). Host (NumPy/CPU) tensors run the fused kernels of ``hvdcomp.kernels`` (same numbers;
-``HVDCOMP_KERNELS=numpy`` selects the reference path).
+State per tensor: the memory ``e`` (``hvdcomp.feedback``). Host (NumPy/CPU) tensors run the
+fused kernels of ``hvdcomp.kernels`` (same numbers; ``HVDCOMP_KERNELS=numpy`` selects the
+reference path).
 """
 import numpy as np
 
