@@ -1,20 +1,28 @@
 """``hvdcomp.BinSGDM``: one-bit momentum (Birder) over a hierarchical 1-bit all-reduce
 (math in ``hvdcomp.algorithms.binsgdm``, stages in ``hvdcomp.comm.hierarchy``).
 
-The compressor carries the momentum: ``decompress`` returns the mean over ranks of the ±1 votes
-(float32 values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node), so the user's
-inner optimizer must be plain SGD *without momentum*, or the user's Adam/AdamW, whose moments
-hvdcomp then sets so that Adam's update is ``lr * mean_q`` (``hvdcomp.preconditioning.
-ThroughAdam``); SGD's ``weight_decay`` (or AdamW's) then gives the decoupled update
-``x -= lr * (mean_q + wd * x)``::
+The compressor carries the momentum. ``decompress`` returns the mean over ranks of the ±1 votes
+(values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node) scaled for the user's
+optimizer, so the user keeps their optimizer and its learning rate:
 
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=2e-3, weight_decay=wd),
+- plain SGD without momentum: the mean vote times ``s``, the ranks' mean of the tensor's mean
+  normaliser ``v`` (the running mean of |g|; one float per tensor rides the scalars' all-gather),
+  so the step has the gradient's scale and SGD's usual rate applies (recipe (a), the digits MLP
+  at lr 0.1: 0.958 against uncompressed 0.962, 3 seeds; with the bare mean vote, SGD's lr 0.1
+  moved every coordinate by up to 0.1 per step and diverged);
+- Adam/AdamW (torch or Keras): the mean vote itself, and hvdcomp sets Adam's moments so that
+  Adam's update is ``lr * mean_q`` (``hvdcomp.preconditioning.ThroughAdam``): Adam's usual rates;
+- anything else (SGD with momentum included: two momenta in a row lag, 0.88 on recipe (b)
+  against 0.977) is refused at the first step (``hvdcomp.checks.inner_optimizer``);
+- a direct ``hvd.allreduce`` (no optimizer): the mean vote.
+
+SGD's ``weight_decay`` (or AdamW's) then gives the decoupled update ``x -= lr * (step + wd * x)``::
+
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=wd),
                                    named_parameters=model.named_parameters(),
                                    compression=hvdcomp.BinSGDM)
 
-Each coordinate moves by at most ``lr`` per step (like Adam), so use Adam-like learning rates,
-not SGD's (the 4-rank digits test: lr 0.002, where SGD-momentum uses 0.05). No warm-up, no error
-feedback.
+No warm-up, no error feedback.
 
 One rank: the compressor then moves nothing and returns the rank's own votes, but Horovod's torch
 ``DistributedOptimizer`` calls no compressor at all when ``size() == 1`` (it registers its hooks
@@ -38,7 +46,8 @@ or 1 merged; each rank forms the totals itself) while that is less than the tota
 by leg: ``last_legs`` ({'intra', 'inter'}: CommStats); the totals are in ``last_stats`` as for
 every compressor.
 
-State per tensor: ``(m, v)`` (float32, like the working gradient), checkpointed by
+State per tensor: ``(m, v)`` (float32, like the working gradient; ``s`` is computed from ``v``
+and the gradient each step, not kept), checkpointed by
 ``state_dict()``; the random votes are keyed by (seed, step, rank), so a resumed run repeats the
 uninterrupted one bit for bit.
 """
@@ -56,7 +65,8 @@ from hvdcomp.protocol import BatchedCompressor
 
 
 class BinSGDM(BatchedCompressor):
-    """BinSGDM for ``hvd.DistributedOptimizer(SGD(..., momentum=0), compression=hvdcomp.BinSGDM)``.
+    """BinSGDM for ``hvd.DistributedOptimizer(SGD(..., momentum=0), compression=hvdcomp.BinSGDM)``
+    (or the user's Adam/AdamW), at the optimizer's usual learning rate.
 
     Args:
         betas: ``(b1, b2)``: momentum ``m = b1 m + (1-b1) g`` and normaliser
@@ -80,7 +90,7 @@ class BinSGDM(BatchedCompressor):
     method = "BinSGDM"
     under_adam = "step"  # it is the optimizer itself (preconditioning.ThroughAdam)
     own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
-    n_scalars = 0
+    n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",
                  **common):
@@ -111,7 +121,8 @@ class BinSGDM(BatchedCompressor):
         return self._hierarchy
 
     def prepare(self, batch):
-        return np.zeros((len(batch.entries), 0))
+        return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas[1])]
+                for e in batch.entries]
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.hierarchy()
@@ -153,8 +164,11 @@ class BinSGDM(BatchedCompressor):
         self.last_legs = {k: after[k].since(before[k]) for k in after}
         out, off = [], 0
         with batch.phase("decode"):
-            for e in batch.entries:
-                out.append(path.mean(total[off:off + e.numel], ctx.size, e))
+            for i, e in enumerate(batch.entries):
+                step = path.mean(total[off:off + e.numel], ctx.size, e)
+                if e.adam is None and e.gradient:  # SGD's: the vote times the ranks' mean v
+                    xp.multiply(step, float(np.sum(scalars[:, i, 0]) / ctx.size), out=step)
+                out.append(step)
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out

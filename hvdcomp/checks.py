@@ -233,7 +233,8 @@ def inner_optimizer(who, setting, found, rank):
     raise UnsupportedOptimizerError(
         f"{who}: {setting} returns the optimizer's step itself (it carries momentum and a "
         "per-coordinate normaliser), so the optimizer inside hvd.DistributedOptimizer must be "
-        "plain SGD without momentum at an Adam-like learning rate, or Adam/AdamW (without "
+        "plain SGD without momentum (BinSGDM at SGD's usual rate, precondition='adam' at an "
+        "Adam-like one), or Adam/AdamW (without "
         f"amsgrad or maximize, beta2 > 0), whose moments hvdcomp then sets; this one is {found}, "
         "which would apply its own momentum or normalisation on top (training stalls or "
         "diverges). Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), "

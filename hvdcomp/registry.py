@@ -83,8 +83,10 @@ def _adam(lr):
 
 # Sign-based methods take steps of fixed size per element, so they want smaller rates; BinSGDM
 # and precondition='adam' carry their own momentum (and normaliser), so their inner optimizer is
-# plain SGD without momentum at an Adam-like rate; precondition='rms' hands the optimizer a
-# gradient of about unit size per element, so its rate is a per-element step as for Adam.
+# Adam or plain SGD without momentum (BinSGDM's step has the gradient's scale under SGD: SGD's
+# rates; precondition='adam''s is Adam's direction: an Adam-like rate); precondition='rms' hands
+# the optimizer a gradient of about unit size per element, so its rate is a per-element step as
+# for Adam.
 BASELINES = {
     "none": {"digits": _sgd(0.05), "charlm": _adam(9e-3), "tf-digits": _sgd(0.02),
              "digits-test": _sgd(0.05)},
@@ -111,9 +113,9 @@ PRESETS = {
                             {"digits": _sgd(0.04), "charlm": _adam(9e-3)}),
     "marsit-local": Preset(Marsit, {"compensation": "local"},  # EF-signSGD-style memory
                            {"digits": _sgd(0.04), "charlm": _adam(3e-3)}, benchmark=False),
-    "binsgdm": Preset(BinSGDM, {}, {"digits": _sgd(0.001, 0.0), "charlm": _sgd(9e-3, 0.0),
-                                    "digits-test": _sgd(0.002, 0.0),
-                                    "tf-test": _sgd(0.005, 0.0)}),
+    "binsgdm": Preset(BinSGDM, {}, {"digits": _sgd(0.5, 0.0), "charlm": _adam(9e-3),
+                                    "digits-test": _sgd(0.5, 0.0),
+                                    "tf-test": _sgd(0.5, 0.0)}),
     "topk": Preset(TopK, {}, {"digits": _sgd(0.1), "charlm": _adam(2.7e-2),
                               "digits-test": _sgd(0.05), "tf-test": _sgd(0.05, 0.0)}),
     "sketchfusion": Preset(SketchFusion, {}, {"digits": _sgd(0.05), "charlm": _adam(9e-3),

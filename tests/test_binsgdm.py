@@ -85,6 +85,21 @@ def test_normalised_momentum_is_bounded_without_clipping_for_equal_betas(kind):
     assert np.array_equal(np.asarray(alg.direction(*s, 1e-8)), np.ones(4, np.float32))
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_normaliser_mean_is_the_mean_of_the_updated_v(kind):
+    """The scale of BinSGDM's step under SGD: ``normaliser_mean`` is the mean of the ``v`` that
+    ``update_moments`` returns (first step and later ones), computed without updating."""
+    rng = np.random.default_rng(1)
+    conv = torch.from_numpy if kind == "torch" else (lambda a: a)
+    state = None
+    for step in range(4):
+        g = conv((rng.standard_normal(500) * (1 + step)).astype(np.float32))
+        scale = alg.normaliser_mean(g, state, 0.8)
+        state = alg.update_moments(g, state, 0.9, 0.8)
+        assert isinstance(scale, float)
+        assert scale == pytest.approx(float(np.asarray(state[1], np.float64).mean()), rel=1e-5)
+
+
 def test_node_totals_and_mean_vote():
     bits = np.array([[1, -1, 1, -1], [1, 1, -1, -1]], dtype=np.int8)  # 2 nodes
     total = alg.node_votes_total(bits, 3, np.int8)
@@ -170,7 +185,7 @@ def test_hierarchy_legs_and_layouts_on_4_ranks():
 
 @pytest.mark.timeout(400)
 def test_binsgdm_trains_on_2x2_like_sgd_momentum(uncompressed):
-    """4 ranks as 2 nodes x 2 ranks, stock torch optimizer: BinSGDM (plain SGD, lr 0.002, no
+    """4 ranks as 2 nodes x 2 ranks, stock torch optimizer: BinSGDM (plain SGD, lr 0.5, no
     warm-up) reaches the accuracy of uncompressed SGD-momentum (lr 0.05) within 5 points and
     its loss within 0.25, ranks bit-identical after every step (checked in train_digits); the
     inter-node leg moves 1 bit per element per node. (Resume: tests/test_training.py.)"""

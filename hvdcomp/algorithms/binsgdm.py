@@ -11,7 +11,10 @@ Per step, on every rank, for one gradient vector g (1-D, float32; NumPy or Torch
 4. The ranks' votes are summed (exactly inside a node; between nodes each node's sum ``s`` of
    ``L`` votes is re-binarised without bias, ``b = +1`` w.p. ``(1 + s/L)/2``, and ``L*b`` stands
    for ``s``), and every rank gets the mean vote ``sum / size`` in [-1, 1].
-5. The user's plain SGD applies ``x -= lr * (mean_q + wd * x)``.
+5. The step is ``mean_q`` under the user's Adam (its moments set so that its update is
+   ``lr * mean_q``), and ``s * mean_q`` under plain SGD, with ``s`` the ranks' mean of the
+   tensor's mean ``v`` (``normaliser_mean``), so that SGD's usual learning rate applies:
+   ``x -= lr * (s * mean_q + wd * x)``.
 
 Defaults ``b1 = b2 = 0.9``. With equal betas and this initialisation, ``|m| <= v`` holds
 element-wise by the triangle inequality (m and v are the same weighted sums of g and |g|), so
@@ -26,7 +29,7 @@ rounding).
 import numpy as np
 
 from hvdcomp.backend.stochastic import stochastic_signs
-from hvdcomp.backend.xp import _torch, from_host, is_torch
+from hvdcomp.backend.xp import _torch, abs_sum, from_host, is_torch
 
 VOTE, REBINARISE = 0, 1  # stage tags in the random keys
 
@@ -38,6 +41,16 @@ def update_moments(g, state, b1, b2):
         return g * 1, abs(g)
     m, v = state
     return m * b1 + g * (1 - b1), v * b2 + abs(g) * (1 - b2)
+
+
+def normaliser_mean(g, state, b2):
+    """The mean of ``v`` after gradient ``g`` (``update_moments``'s, without computing it), a
+    Python float: ``mean|g|`` at the first step, else ``b2 mean(v) + (1-b2) mean|g|``. Averaged
+    over the ranks it is the scale of the step under SGD (``scaled_step``)."""
+    g_mean = abs_sum(g) / max(int(g.shape[0]), 1)
+    if state is None:
+        return g_mean
+    return b2 * abs_sum(state[1]) / max(int(g.shape[0]), 1) + (1 - b2) * g_mean
 
 
 def direction(m, v, eps):

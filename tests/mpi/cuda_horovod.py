@@ -5,7 +5,7 @@ Needs Horovod built with CUDA (benchmarks/gpu_check.sh builds it on the GPU mach
 scripts/build_horovod.sh; Horovod stages CUDA tensors through host memory for MPI, so several
 ranks may share one GPU). Per compression, each rank trains the same MLP (weights broadcast from
 rank 0) on its own batches of a synthetic classification task for ``STEPS`` steps with plain SGD
-(BinSGDM: its own lr), timing each step with ``torch.cuda.synchronize()``; rank 0 reports every
+(lr 0.05, BinSGDM's too: its step has the gradient's scale under SGD), timing each step with ``torch.cuda.synchronize()``; rank 0 reports every
 rank's: the parameters' devices, a digest of the final weights (ranks must agree bit for bit),
 the first and last losses (averaged over ranks), the median step time after ``WARMUP`` steps,
 and, for hvdcomp, the bytes sent per step (``last_stats``). With ``adamw`` as argument every
@@ -27,7 +27,6 @@ from report import report_horovod
 
 STEPS, WARMUP, BATCH, WIDTH = 40, 5, 256, 1024
 METHODS = {"none": None, "fp16": "fp16", **registry.METHODS}  # every method of the registry
-LR = {"BinSGDM": 0.01}
 ADAMW = sys.argv[1:] == ["adamw"]
 
 hvd.init()
@@ -67,7 +66,7 @@ def train(name, inputs, labels):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_of(name)
     inner = (torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01) if ADAMW
-             else torch.optim.SGD(model.parameters(), lr=LR.get(name, 0.05)))
+             else torch.optim.SGD(model.parameters(), lr=0.05))
     opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                    compression=compression)
     losses, times = [], []
