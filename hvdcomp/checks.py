@@ -224,7 +224,8 @@ def inner_optimizer(who, setting, found, rank):
     """Raise ``UnsupportedOptimizerError`` where compressor ``who`` (its name) has a ``setting``
     whose result is the optimizer's step itself (it carries its own momentum and normaliser:
     BinSGDM, ``precondition='adam'``; None: no such setting) and the user's optimizer is neither
-    plain SGD without momentum nor an Adam/AdamW whose moments hvdcomp sets
+    plain SGD without momentum (or with it, where the compressor adapts to it:
+    ``BatchedCompressor.under_sgd_momentum``) nor an Adam/AdamW whose moments hvdcomp sets
     (``hvdcomp.preconditioning.ThroughAdam``): ``found`` describes it (the adapter's
     ``optimizer_kind``; None: plain SGD, such an Adam, or one the adapter cannot tell). Every
     rank checks its own optimizer at its first gradient, before anything is communicated."""
@@ -233,8 +234,8 @@ def inner_optimizer(who, setting, found, rank):
     raise UnsupportedOptimizerError(
         f"{who}: {setting} returns the optimizer's step itself (it carries momentum and a "
         "per-coordinate normaliser), so the optimizer inside hvd.DistributedOptimizer must be "
-        "plain SGD without momentum (BinSGDM at SGD's usual rate, precondition='adam' at an "
-        "Adam-like one), or Adam/AdamW (without "
+        "plain SGD (without momentum for precondition='adam', at an Adam-like rate; BinSGDM "
+        "also with momentum, at SGD's usual rate), or Adam/AdamW (without "
         f"amsgrad or maximize, beta2 > 0), whose moments hvdcomp then sets; this one is {found}, "
         "which would apply its own momentum or normalisation on top (training stalls or "
         "diverges). Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), "

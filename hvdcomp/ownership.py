@@ -67,6 +67,9 @@ class Ownership:
         kind = getattr(adapter, "optimizer_kind", None)
         drivable = getattr(adapter, "drivable_adam", None)  # preconditioning.ThroughAdam's
         found = None if kind is None or (drivable and drivable(optimizer)) else kind(optimizer)
+        momentum = getattr(adapter, "sgd_momentum", lambda optimizer: 0.0)(optimizer)
+        if self.who.under_sgd_momentum(momentum) and found is not None and momentum:
+            found = None  # the compressor adapts to SGD's momentum (BinSGDM)
         checks.inner_optimizer(self.who.method, self.who.returns_step(), found, world_rank())
         names = adapter.parameter_names(optimizer)
         if names is not None:

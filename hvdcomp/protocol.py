@@ -139,6 +139,13 @@ class BatchedCompressor:
         """The setting whose result is the step itself (``checks.inner_optimizer``), or None."""
         return self.preconditioner.returns_step
 
+    def under_sgd_momentum(self, momentum):
+        """Told at each optimizer's first gradient: its SGD ``momentum`` (0.0 for plain SGD or
+        any other optimizer). Whether this compressor, where its result is the step itself
+        (``returns_step``), adapts to a momentum > 0 (BinSGDM); else that is refused
+        (``checks.inner_optimizer``)."""
+        return False
+
     def describe(self):
         """The class and every setting (common and the method's): what the ranks must agree on
         (``hvdcomp.checks.agree``)."""

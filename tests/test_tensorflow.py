@@ -110,14 +110,16 @@ def test_batch_op_runs_only_where_horovod_reduces():
 
 @pytest.mark.timeout(200)
 def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_add_their_own():
-    """BinSGDM and precondition='adam' under Keras SGD with momentum, an AdamW with amsgrad or
-    the legacy Adam (whose moments hvdcomp cannot set): UnsupportedOptimizerError on every rank
-    at the first step, naming the setting and the Keras optimizer (before: BinSGDM under Keras
-    Adam trained silently to 0.85-0.90 accuracy where uncompressed Adam reaches 0.985). Under
-    plain Keras SGD, Adam and AdamW they train, the ranks identical."""
+    """precondition='adam' under Keras SGD with momentum, and either setting under an AdamW with
+    amsgrad or the legacy Adam (whose moments hvdcomp cannot set): UnsupportedOptimizerError on
+    every rank at the first step, naming the setting and the Keras optimizer (before: BinSGDM
+    under Keras Adam trained silently to 0.85-0.90 accuracy where uncompressed Adam reaches
+    0.985). Under plain Keras SGD, Adam and AdamW they train, and BinSGDM under SGD with
+    momentum too (its own momentum shortened), the ranks identical."""
     res = results(run(2, "tf_misuse.py", timeout=150))
     assert sorted(res) == [0, 1]
-    refused = {"binsgdm+sgd-momentum": ("BinSGDM", "tf.keras.optimizers.SGD with momentum=0.9"),
+    refused = {"adam-precondition+sgd-momentum": ("precondition='adam'",
+                                                  "tf.keras.optimizers.SGD with momentum=0.9"),
                "adam-precondition+adamw-amsgrad": ("precondition='adam'",
                                                    "tf.keras.optimizers.AdamW"),
                "binsgdm+legacy-adam": ("BinSGDM", "tf.keras.optimizers.Adam")}
@@ -127,7 +129,8 @@ def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_a
             assert error and "UnsupportedOptimizerError" in error, (case, error)
             assert setting in error and f"this one is {optimizer}," in error, (case, error)
             assert f"(raised on rank {rank})" in error, error
-        for case in ("binsgdm+sgd", "binsgdm+adam", "adam-precondition+adamw"):
+        for case in ("binsgdm+sgd", "binsgdm+adam", "adam-precondition+adamw",
+                     "binsgdm+sgd-momentum"):
             assert r[case] == {"error": None, "identical": True}, (case, r[case])
 
 

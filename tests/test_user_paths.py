@@ -98,15 +98,15 @@ def test_parameters_without_gradients_do_not_move(absent, name):
 
 @pytest.mark.timeout(300)
 def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank():
-    """precondition='adam' and BinSGDM return the step itself: under SGD with momentum, or an Adam
-    whose moments hvdcomp cannot set (amsgrad), they raise UnsupportedOptimizerError at the first
-    step, on every rank, naming the setting, the optimizer and the rank (before: a silent
-    collapse); plain SGD, Adam and AdamW train. Ranks that tell different loss scales are
-    refused too."""
+    """precondition='adam' and BinSGDM return the step itself: precondition='adam' under SGD with
+    momentum, and either under an Adam whose moments hvdcomp cannot set (amsgrad), raise
+    UnsupportedOptimizerError at the first step, on every rank, naming the setting, the
+    optimizer and the rank (before: a silent collapse); plain SGD, Adam and AdamW train, and
+    BinSGDM under SGD with momentum (it shortens its own). Ranks that tell different loss
+    scales are refused too."""
     refused = {"adam-precondition+sgd-momentum": ("precondition='adam'",
                                                   "torch.optim.SGD with momentum=0.9"),
                "adam-precondition+adamw-amsgrad": ("precondition='adam'", "torch.optim.AdamW"),
-               "binsgdm+sgd-momentum": ("BinSGDM", "torch.optim.SGD with momentum=0.9"),
                "binsgdm+adam-amsgrad": ("BinSGDM", "torch.optim.Adam")}
     for rank, r in case("misuse").items():
         for what, (setting, optimizer) in refused.items():
@@ -115,7 +115,8 @@ def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank(
             assert setting in msg and f"this one is {optimizer}," in msg, msg
             assert msg.endswith(f"(raised on rank {rank})")
         assert all(r[ok] is None for ok in ("adam-precondition+sgd", "binsgdm+sgd",
-                                             "adam-precondition+adamw", "binsgdm+adam")), r
+                                             "adam-precondition+adamw", "binsgdm+adam",
+                                             "binsgdm+sgd-momentum")), r
         msg = r["different_scales"]  # and ranks at different loss scales
         assert msg and msg.startswith("SetupMismatchError: Marsit: ranks reduce step 0 at "
                                       "different loss scales (rank 0: 2, rank 1: 4)"), msg

@@ -223,6 +223,18 @@ def optimizer_kind(optimizer):
     return f"{name} with momentum" if getattr(optimizer, "_momentum", False) else None
 
 
+def sgd_momentum(optimizer):
+    """The momentum of a Keras ``SGD`` (0.9 for a legacy one that only flags it), or 0.0 for any
+    other optimizer."""
+    base = _keras_class(optimizer)
+    if base is None or base.__name__ != "SGD":
+        return 0.0
+    momentum = getattr(optimizer, "momentum", None)
+    if isinstance(momentum, (int, float)):
+        return float(momentum)
+    return 0.9 if getattr(optimizer, "_momentum", False) else 0.0
+
+
 def keras_adam(optimizer):
     """``optimizer`` where it is (Horovod's subclass of) the user's Keras ``Adam``/``AdamW``
     whose first moment hvdcomp can drive (``hvdcomp.preconditioning.FollowAdam``): a Keras 2

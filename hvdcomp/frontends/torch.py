@@ -146,6 +146,14 @@ def optimizer_kind(optimizer):
     return None if momenta == [0.0] else f"{name} with momentum={momenta[-1]:g}"
 
 
+def sgd_momentum(optimizer):
+    """The momentum of a ``torch.optim.SGD`` (the largest of its groups'), or 0.0 for any other
+    optimizer."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return 0.0
+    return max(float(g.get("momentum", 0.0)) for g in optimizer.param_groups)
+
+
 class AdamMoments:
     """The moments a user's ``torch.optim.Adam``/``AdamW`` keeps for one parameter (its
     ``optimizer.state[p]``, filled by the optimizer's first step), as

@@ -1,7 +1,8 @@
 """Rank script (2 ranks): Keras ``model.fit`` through Horovod's Keras ``DistributedOptimizer``
 with settings that return the optimizer's step itself (BinSGDM, ``precondition='adam'``) under
 Keras optimizers that apply their own momentum or normalisation, and under Keras Adam/AdamW
-(which apply that step: ``hvdcomp.preconditioning.ThroughAdam``). Reports, per case, the error
+(which apply that step: ``hvdcomp.preconditioning.ThroughAdam``) and SGD with momentum, to which
+BinSGDM adapts. Reports, per case, the error
 raised (type name and message) or None, and for the accepted cases whether the weights are
 identical across ranks."""
 import hashlib
@@ -18,6 +19,8 @@ from report import report  # noqa: E402
 
 hvdk.init()
 CASES = {
+    "adam-precondition+sgd-momentum": (lambda: hvdcomp.Marsit(precondition="adam"),
+                                       lambda: tf.keras.optimizers.SGD(1e-3, momentum=0.9)),
     "binsgdm+sgd-momentum": (hvdcomp.BinSGDM, lambda: tf.keras.optimizers.SGD(1e-3, momentum=0.9)),
     "adam-precondition+adamw-amsgrad": (lambda: hvdcomp.Marsit(precondition="adam"),
                                         lambda: tf.keras.optimizers.AdamW(1e-3, amsgrad=True)),
