@@ -413,7 +413,7 @@ class StepEngine:
         rescaled = unscale(live, self.scale)
         for e in small:
             if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
-                self.atypical = self.atypical or self.store.get(e.key) is not None
+                self.atypical = self.atypical or feedback.pending(self.store, e.key)
                 self.pre.carry(self.carry, self.store, e)
         n = self.method.n_scalars
         with self.phase("encode"):

@@ -52,6 +52,17 @@ def carry(store, entry):
     store.drop(entry.key)
 
 
+OWNER = "#owner"  # node stages with whole-tensor shares: the local rank holding the memory
+
+
+def pending(store, key):
+    """Whether tensor ``key`` may hold a memory to carry on some rank of its group, the same
+    answer on every rank: its memory here, or (node stages with whole-tensor shares,
+    ``hvdcomp.hierarchical``) an owner recorded on every rank of the node, only one of which
+    holds the memory."""
+    return store.get(key) is not None or store.get(key + OWNER) is not None
+
+
 def keep(batch, entry, residual):
     """Store ``residual`` (same kind/device as the gradient) as the tensor's new memory; it
     becomes the state when the step lands (``hvdcomp.state``)."""

@@ -30,6 +30,11 @@ method's traffic for n elements among N ranks (a 1-bit ring: 2 (N-1)/N bits per 
 its sequential hops grow with N, not N*L. Inside the node each rank writes 4n bytes to shared
 memory and reads 4n, and encodes/decodes n/L elements instead of n.
 
+A method whose math needs a tensor's shape (PowerSGD's matrices: ``node_shares = 'tensors'``)
+is given whole tensors instead of element shards: each tensor's node mean goes to one local
+rank (``owners``: recorded in the state on every rank, so it stays put), which runs the method
+on it among its inter group; its state is kept by that rank, whole-tensor-sized.
+
 One node, one rank per node, nodes of different sizes (``Hierarchy``'s flat fallback), or a
 "node" whose ranks share no memory (``HVDCOMP_RANKS_PER_NODE`` grouping other machines): the
 method runs flat over every rank, as without the wrapper (one machine: the compress-or-pass
@@ -88,6 +93,7 @@ class Hierarchical:
     def __init__(self, method):
         self.inner = method
         self.method, self.n_scalars = method.method, method.n_scalars
+        self.whole = getattr(method, "node_shares", "elements") == "tensors"
         self.hierarchy = None  # the Hierarchy found at the first compressed batch
         self._rows = None
         # between prepare and reduce: (shard batch, per-tensor shard bounds, per-tensor offsets
@@ -125,7 +131,8 @@ class Hierarchical:
             return self.inner.prepare(batch)
         L, r, mem = hier.local_size, hier.local_rank, self._memory
         self._legs_before = hier.leg_stats()
-        bounds = [shard_bounds(e.numel, L) for e in batch.entries]
+        bounds = ([whole_bounds(e.numel, o, L) for e, o in zip(batch.entries, owners(batch, L))]
+                  if self.whole else [shard_bounds(e.numel, L) for e in batch.entries])
         offsets = np.concatenate([[0], np.cumsum([e.numel for e in batch.entries])])
         mem.reserve(int(offsets[-1]))
         vectors = mem.inputs()
@@ -141,6 +148,8 @@ class Hierarchical:
                 for v in vectors[2:]:
                     node_mean += v[lo:hi]  # in local-rank order
                 node_mean /= np.float32(L)
+                if self.whole:  # the method sees the tensor's shape (PowerSGD's matrices)
+                    node_mean = node_mean.reshape(e.shape)
                 shards.append(_shard_entry(batch.store, e, node_mean, into=result[lo:hi]))
                 kept.append(i)
         inner = copy.copy(batch)
@@ -177,6 +186,14 @@ class Hierarchical:
     def carry(self, store, entry):
         """``feedback.carry`` for a tensor whose memory is its shard's (module docstring)."""
         memory = store.get(entry.key)
+        if store.get(entry.key + feedback.OWNER) is not None:  # whole shares: the owner's
+            store.drop(entry.key + feedback.OWNER)  # on every rank, memory or not
+            if memory is not None:
+                entry.work = entry.work + xp.from_host(
+                    np.asarray(xp.to_host(memory), np.float32).reshape(-1) * np.float32(
+                        self.hierarchy.local_size), entry.work)
+                store.drop(entry.key)
+            return
         if memory is None or self.hierarchy is None or np.size(memory) == entry.numel:
             feedback.carry(store, entry)
             return
@@ -187,6 +204,34 @@ class Hierarchical:
             add[b[r]:b[r + 1]] = np.asarray(xp.to_host(memory)).reshape(-1) * L
         entry.work = entry.work + xp.from_host(add, entry.work)
         store.drop(entry.key)
+
+
+def owners(batch, local_size):
+    """Whole-tensor shares: the local rank that reduces each of ``batch``'s tensors. A tensor
+    keeps the owner recorded in the state (``'<name>#owner'``, the same on every rank, saved in
+    checkpoints, dropped when the tensor is passed: ``Hierarchical.carry``); one without goes to
+    the local rank with the fewest elements among the batch's tensors so far (the first such),
+    and that is recorded. So the memory stays with its owner whatever else the batch holds."""
+    known = [batch.store.get(e.key + feedback.OWNER) for e in batch.entries]
+    known = [None if o is None or int(o[0]) >= local_size else int(o[0]) for o in known]
+    load = [0] * local_size
+    for e, o in zip(batch.entries, known):
+        if o is not None:
+            load[o] += e.numel
+    out = []
+    for e, o in zip(batch.entries, known):
+        if o is None:
+            o = load.index(min(load))
+            load[o] += e.numel
+            batch.store.put(e.key + feedback.OWNER, np.array([o], dtype=np.int64))
+        out.append(o)
+    return out
+
+
+def whole_bounds(numel, owner, local_size):
+    """The share bounds (as ``shard_bounds``'s) that give a tensor of ``numel`` elements whole
+    to local rank ``owner``."""
+    return [0] * (owner + 1) + [numel] * (local_size - owner)
 
 
 def _copy_out(entry, values):

@@ -23,9 +23,10 @@ keeps no memory. Both all-reduces are plain sums (allreduce-compatible: no custo
 Wire per rank and step: ``2 (size-1)/size * 4 * sum_t rank (n_t + m_t)`` bytes over two ring
 all-reduces. State per tensor: the memory ``e`` (``hvdcomp.feedback``) and Q under
 ``'<name>#q'``. Tensors on a device stay there for the matrix products (P and Q travel through
-the host). Its all-reduces of float sums need no node stages of their own: the messages are a
-rank-r sliver of the gradient, so ``own_stages`` keeps it flat (``hvdcomp.hierarchical`` cuts
-tensors into element shards, which are not matrices).
+the host). In node stages (``hvdcomp.hierarchical``, where nodes have several ranks) each
+tensor's node mean goes whole to one local rank (``node_shares = 'tensors'``: element shards
+are not matrices), which runs the two all-reduces for its tensors among the ranks with its local
+rank, one per node, and keeps their memory and Q.
 """
 import zlib
 
@@ -78,7 +79,7 @@ class PowerSGD(BatchedCompressor):
     """
 
     method = "PowerSGD"
-    own_stages = True  # see the module docstring
+    node_shares = "tensors"  # in node stages, whole tensors per local rank (module docstring)
     n_scalars = 0
 
     def __init__(self, *, rank=4, **common):

@@ -34,7 +34,8 @@ import threading
 
 import numpy as np
 
-from hvdcomp import bucketing, checks, hierarchical, ownership, preconditioning, state, validate
+from hvdcomp import (bucketing, checks, feedback, hierarchical, ownership, preconditioning,
+                     state, validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS, Decision
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry, StepEngine
@@ -334,7 +335,8 @@ def horovod_sums(compressor, tensor, adapter, ident):
     """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
     ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
     ``compressor`` sends uncompressed this step (the compress-or-pass decision passes it, and it
-    holds no error-feedback memory to carry (``hvdcomp.feedback.carry``, done by the step engine);
+    holds no error-feedback memory to carry on any rank (``hvdcomp.feedback.pending``; the step
+    engine carries it);
     no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
     (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
@@ -342,7 +344,7 @@ def horovod_sums(compressor, tensor, adapter, ident):
     verdict."""
     return (compressor._fusion is None and compressor.preconditioner.name is None
             and not compressor.decision.compresses(math.prod(tensor.shape))
-            and compressor.store.get(ident.name) is None
+            and not feedback.pending(compressor.store, ident.name)
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
 

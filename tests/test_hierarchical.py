@@ -20,12 +20,12 @@ def _per_step(r, key):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("name", ["marsit", "topk", "sketchfusion", "efsignsgd"])
+@pytest.mark.parametrize("name", ["marsit", "topk", "sketchfusion", "efsignsgd", "powersgd"])
 def test_every_method_runs_in_node_stages_and_sends_one_shard_per_rank_between_nodes(name):
     """Ranks bit-identical after every step (train_digits); inside the node nothing goes through
     MPI (the exact stages run in the node's shared memory); between the nodes 1-bit methods send
-    about one bit per element per node, and the sparse ones no more than a rank sends in the
-    flat layout."""
+    about one bit per element per node, and the sparse and low-rank ones (PowerSGD: whole
+    tensors per local rank) no more than a rank sends in the flat layout."""
     res = train_digits(name, env=NODES, epochs=3)
     for r in res.values():
         assert r["layout"] == "2 node(s) x 2 rank(s)"
@@ -55,27 +55,43 @@ def test_node_stages_train_like_uncompressed(name, uncompressed):
 
 
 RESUME = (("marsit", "rank"), ("topk", "gathered"), ("sketchfusion", "rank"),
-          ("efsignsgd", "gathered"))
+          ("efsignsgd", "gathered"), ("powersgd", "rank"))
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name, form", RESUME)
 def test_a_resume_in_node_stages_is_bit_identical(name, form):
-    """Each rank's state is its shard's (under the tensor's name): a checkpoint restores it."""
+    """Each rank's state is its shard's (under the tensor's name): a checkpoint restores it.
+    PowerSGD's shares are whole tensors: the two local ranks of a node hold disjoint halves of
+    the memories and Qs, the same names on both nodes."""
     res = results(resume_launch(RESUME, 4, 2), case=f"{name}-{form}")  # 4 ranks, 2 per node
     assert sorted(res) == [0, 1, 2, 3]
+    weights = {"0.weight", "2.weight", "4.weight"}
+    keys = [{k for k in res[rank]["memory_keys"] if not k.endswith("#owner")} for rank in range(4)]
     for r in res.values():
         assert r["identical_steps"] == 12 and r["same"] and r["fresh_differs"]
-        assert r["memory_norm"] > 0 and r["memory_keys"] == ["0.weight", "2.weight", "4.weight"]
+        assert r["memory_norm"] > 0
+    if name == "powersgd":
+        for a, b in ((0, 1), (2, 3)):  # ranks 2k and 2k+1: node k's local ranks 0 and 1
+            assert not keys[a] & keys[b], keys
+            assert keys[a] | keys[b] == weights | {w + "#q" for w in weights}, keys
+        assert keys[0] == keys[2] and keys[1] == keys[3], keys
+        owners = {k for k in res[0]["memory_keys"] if k.endswith("#owner")}
+        assert owners == {w + "#owner" for w in weights}  # recorded on every rank
+        assert all(owners <= set(r["memory_keys"]) for r in res.values())
+    else:
+        assert all(k == weights for k in keys), keys
     assert len({r["memory_norm"] for r in res.values()}) == 4  # four shards' memories
 
 
 @pytest.mark.timeout(300)
-def test_a_tensor_the_decision_passes_carries_its_shards_memory():
+@pytest.mark.parametrize("name", ["marsit", "powersgd"])
+def test_a_tensor_the_decision_passes_carries_its_shards_memory(name):
     """The compress-or-pass decision in node stages: the same thresholds on every rank, and over
     every compressed -> passed switch the applied steps equal the mean gradients plus the mean
-    over nodes of the shard memories (tests/mpi/decision.py)."""
-    res = results(run(4, "decision.py", "marsit", 0.05, "carry", timeout=240,
+    over nodes of the shard memories (PowerSGD: of the whole tensors' owners)
+    (tests/mpi/decision.py)."""
+    res = results(run(4, "decision.py", name, 0.05, "carry", timeout=240,
                       env={**NODES, "HVDCOMP_DECISION": "measure"}))
     ours = res[0]
     assert ours["identical"] == ours["steps"]

@@ -67,7 +67,8 @@ def memory_of(comp, names):
     """This rank's error-feedback memory per parameter name (zeros where none), float64, full
     size. In node stages (hvdcomp.hierarchical) a rank holds its shard's memory, of its node's
     mean gradient: placed at the shard, times the ranks per node, so that the mean over ranks
-    is the mean over nodes."""
+    is the mean over nodes (PowerSGD's shares are whole tensors: the owner's memory is of full
+    size, times the ranks per node likewise)."""
     state = comp.state_dict()["state"]
     hier = getattr(comp.engine.method, "hierarchy", None)
     out = {}
@@ -75,8 +76,9 @@ def memory_of(comp, names):
         keys = [k for k in state if k.endswith(n) and "#" not in k]
         out[n] = np.zeros(size)
         memory = np.asarray(state[keys[0]], np.float64).ravel() if keys else out[n]
+        whole = any(k.endswith(n + "#owner") for k in state)  # PowerSGD's owner's memory
         if memory.size == size:
-            out[n] = memory
+            out[n] = memory * (hier.local_size if whole and keys else 1)
         else:
             bounds = shard_bounds(size, hier.local_size)
             out[n][bounds[hier.local_rank]:bounds[hier.local_rank + 1]] = \
