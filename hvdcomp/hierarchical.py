@@ -185,13 +185,14 @@ class Hierarchical:
 
     def carry(self, store, entry):
         """``feedback.carry`` for a tensor whose memory is its shard's (module docstring)."""
-        memory = store.get(entry.key)
-        if store.get(entry.key + feedback.OWNER) is not None:  # whole shares: the owner's
-            store.drop(entry.key + feedback.OWNER)  # on every rank, memory or not
+        memory, owner = store.get(entry.key), store.get(entry.key + feedback.OWNER)
+        if owner is not None:  # whole shares: recorded on every rank, the memory on the owner
+            store.drop(entry.key + feedback.OWNER)
             if memory is not None:
+                local_size = np.float32(owner[1])
                 entry.work = entry.work + xp.from_host(
-                    np.asarray(xp.to_host(memory), np.float32).reshape(-1) * np.float32(
-                        self.hierarchy.local_size), entry.work)
+                    np.asarray(xp.to_host(memory), np.float32).reshape(-1) * local_size,
+                    entry.work)
                 store.drop(entry.key)
             return
         if memory is None or self.hierarchy is None or np.size(memory) == entry.numel:
@@ -208,12 +209,21 @@ class Hierarchical:
 
 def owners(batch, local_size):
     """Whole-tensor shares: the local rank that reduces each of ``batch``'s tensors. A tensor
-    keeps the owner recorded in the state (``'<name>#owner'``, the same on every rank, saved in
-    checkpoints, dropped when the tensor is passed: ``Hierarchical.carry``); one without goes to
-    the local rank with the fewest elements among the batch's tensors so far (the first such),
-    and that is recorded. So the memory stays with its owner whatever else the batch holds."""
-    known = [batch.store.get(e.key + feedback.OWNER) for e in batch.entries]
-    known = [None if o is None or int(o[0]) >= local_size else int(o[0]) for o in known]
+    keeps the owner recorded in the state (``'<name>#owner'``: ``[owner, ranks per node]``, the
+    same on every rank, saved in checkpoints, dropped when the tensor is passed:
+    ``Hierarchical.carry``); one without goes to the local rank with the fewest elements among
+    the batch's tensors so far (the first such), and that is recorded. So the memory stays with
+    its owner whatever else the batch holds. A record of another node size (a checkpoint from
+    another layout) is replaced, and its memory dropped with a warning."""
+    known = []
+    for e in batch.entries:
+        record = batch.store.get(e.key + feedback.OWNER)
+        if record is not None and int(record[1]) != local_size:
+            log.warning("hvdcomp: the state of %r was saved for nodes of %d ranks (now %d): "
+                        "starting it from zero", e.key, int(record[1]), local_size)
+            batch.store.discard(e.key)
+            record = None
+        known.append(None if record is None else int(record[0]))
     load = [0] * local_size
     for e, o in zip(batch.entries, known):
         if o is not None:
@@ -223,7 +233,7 @@ def owners(batch, local_size):
         if o is None:
             o = load.index(min(load))
             load[o] += e.numel
-            batch.store.put(e.key + feedback.OWNER, np.array([o], dtype=np.int64))
+            batch.store.put(e.key + feedback.OWNER, np.array([o, local_size], dtype=np.int64))
         out.append(o)
     return out
 

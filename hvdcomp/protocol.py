@@ -141,10 +141,7 @@ class BatchedCompressor:
         return self.preconditioner.returns_step
 
     def under_sgd_momentum(self, momentum):
-        """Told at each optimizer's first gradient: its SGD ``momentum`` (0.0 for plain SGD or
-        any other optimizer). Whether this compressor, where its result is the step itself
-        (``returns_step``), adapts to a momentum > 0 (BinSGDM); else that is refused
-        (``checks.inner_optimizer``)."""
+        """Whether a ``returns_step`` setting adapts to the optimizer's SGD momentum (BinSGDM)."""
         return False
 
     def describe(self):

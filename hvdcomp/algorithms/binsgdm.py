@@ -29,7 +29,7 @@ rounding).
 import numpy as np
 
 from hvdcomp.backend.stochastic import stochastic_signs
-from hvdcomp.backend.xp import _torch, abs_sum, from_host, is_torch
+from hvdcomp.backend.xp import _torch, from_host, is_torch
 
 VOTE, REBINARISE = 0, 1  # stage tags in the random keys
 
@@ -43,14 +43,25 @@ def update_moments(g, state, b1, b2):
     return m * b1 + g * (1 - b1), v * b2 + abs(g) * (1 - b2)
 
 
+BLOCK = 1 << 16  # elements per block of a host sum of |g| (no full-size temporary)
+
+
 def normaliser_mean(g, state, b2):
     """The mean of ``v`` after gradient ``g`` (``update_moments``'s, without computing it), a
     Python float: ``mean|g|`` at the first step, else ``b2 mean(v) + (1-b2) mean|g|``. Averaged
-    over the ranks it is the scale of the step under SGD (``scaled_step``)."""
-    g_mean = abs_sum(g) / max(int(g.shape[0]), 1)
+    over the ranks it is the scale of the step under SGD (``hvdcomp.binsgdm``). Host arrays are
+    read in blocks: nothing gradient-sized is allocated."""
+    n = max(int(g.shape[0]), 1)
+    if is_torch(g):
+        g_mean = float(g.abs().sum()) / n
+    else:
+        g_mean = sum(float(np.abs(g[i:i + BLOCK]).sum(dtype=np.float64))
+                     for i in range(0, g.shape[0], BLOCK)) / n
     if state is None:
         return g_mean
-    return b2 * abs_sum(state[1]) / max(int(g.shape[0]), 1) + (1 - b2) * g_mean
+    v = state[1]  # v >= 0
+    v_sum = float(v.sum()) if is_torch(v) else float(np.sum(v, dtype=np.float64))
+    return b2 * v_sum / n + (1 - b2) * g_mean
 
 
 def direction(m, v, eps):
