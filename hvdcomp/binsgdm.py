@@ -135,8 +135,8 @@ class BinSGDM(BatchedCompressor):
         return self._hierarchy
 
     def prepare(self, batch):
-        return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])]
-                for e in batch.entries]
+        return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])
+                 if _scaled(e) else 0.0] for e in batch.entries]
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.hierarchy()
@@ -180,12 +180,17 @@ class BinSGDM(BatchedCompressor):
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
                 step = path.mean(total[off:off + e.numel], ctx.size, e)
-                if e.adam is None and e.gradient:  # SGD's: the vote times the ranks' mean v
+                if _scaled(e):  # SGD's: the vote times the ranks' mean v
                     xp.multiply(step, float(np.sum(scalars[:, i, 0]) / ctx.size), out=step)
                 out.append(step)
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
+
+
+def _scaled(entry):
+    """Whether ``entry``'s step is scaled for SGD (an optimizer's gradient, not under Adam)."""
+    return entry.adam is None and entry.gradient
 
 
 def pack_votes(votes):

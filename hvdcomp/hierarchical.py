@@ -188,21 +188,18 @@ class Hierarchical:
         memory, owner = store.get(entry.key), store.get(entry.key + feedback.OWNER)
         if owner is not None:  # whole shares: recorded on every rank, the memory on the owner
             store.drop(entry.key + feedback.OWNER)
-            if memory is not None:
-                local_size = np.float32(owner[1])
-                entry.work = entry.work + xp.from_host(
-                    np.asarray(xp.to_host(memory), np.float32).reshape(-1) * local_size,
-                    entry.work)
-                store.drop(entry.key)
-            return
-        if memory is None or self.hierarchy is None or np.size(memory) == entry.numel:
+            L, lo, hi = int(owner[1]), 0, entry.numel
+        elif memory is None or self.hierarchy is None or np.size(memory) == entry.numel:
             feedback.carry(store, entry)
             return
-        L, r = self.hierarchy.local_size, self.hierarchy.local_rank
-        b = shard_bounds(entry.numel, L)
+        else:
+            L, r = self.hierarchy.local_size, self.hierarchy.local_rank
+            lo, hi = shard_bounds(entry.numel, L)[r:r + 2]
+        if memory is None:
+            return
         add = np.zeros(entry.numel, dtype=np.float32)
-        if np.size(memory) == b[r + 1] - b[r]:
-            add[b[r]:b[r + 1]] = np.asarray(xp.to_host(memory)).reshape(-1) * L
+        if np.size(memory) == hi - lo:
+            add[lo:hi] = np.asarray(xp.to_host(memory)).reshape(-1) * np.float32(L)
         entry.work = entry.work + xp.from_host(add, entry.work)
         store.drop(entry.key)
 

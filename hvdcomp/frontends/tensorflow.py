@@ -217,10 +217,11 @@ def optimizer_kind(optimizer):
     name = f"tf.keras.optimizers.{base.__name__}"
     if base.__name__ != "SGD":
         return name
-    momentum = getattr(optimizer, "momentum", None)  # a float; the legacy SGD: a flag _momentum
-    if isinstance(momentum, (int, float)):
-        return None if momentum == 0 else f"{name} with momentum={momentum:g}"
-    return f"{name} with momentum" if getattr(optimizer, "_momentum", False) else None
+    momentum = sgd_momentum(optimizer)
+    if not momentum:
+        return None
+    given = isinstance(getattr(optimizer, "momentum", None), (int, float))  # legacy: a flag
+    return f"{name} with momentum={momentum:g}" if given else f"{name} with momentum"
 
 
 def sgd_momentum(optimizer):

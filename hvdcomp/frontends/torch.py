@@ -142,8 +142,8 @@ def optimizer_kind(optimizer):
     name = f"torch.optim.{base.__name__}"
     if not issubclass(base, torch.optim.SGD):
         return name
-    momenta = sorted({float(g.get("momentum", 0.0)) for g in optimizer.param_groups})
-    return None if momenta == [0.0] else f"{name} with momentum={momenta[-1]:g}"
+    momentum = sgd_momentum(optimizer)
+    return None if momentum == 0.0 else f"{name} with momentum={momentum:g}"
 
 
 def sgd_momentum(optimizer):
