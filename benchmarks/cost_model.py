@@ -51,7 +51,7 @@ from hvdcomp.comm import votes  # noqa: E402
 from hvdcomp.comm.hierarchy import merges  # noqa: E402
 
 ORDER = ["hvd-fp32", "hvd-fp16", *registry.METHODS]
-OWN_STAGES = {m for m, cls in registry.METHODS.items() if getattr(cls, "own_stages", False)}
+OWN_STAGES = {m for m, cls in registry.METHODS.items() if cls.Method.own_stages}
 PREDICT = ((8, 8), (32, 8))
 CORES = os.cpu_count() or 1  # the machine the records were measured on (run this there)
 

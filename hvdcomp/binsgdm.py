@@ -64,13 +64,13 @@ from hvdcomp.backend import pack_signs, stochastic, unpack_signs
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm.hierarchy import Hierarchy, small_int_dtype
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 
 UNDER_MOMENTUM_B1 = 0.5  # BinSGDM's own b1 at most, under the user's SGD momentum
 
 
-class BinSGDM(BatchedCompressor):
+class BinSGDM(Method):
     """BinSGDM for ``hvd.DistributedOptimizer(SGD(...), compression=hvdcomp.BinSGDM)`` (or the
     user's Adam/AdamW), at the optimizer's usual learning rate.
 
@@ -93,23 +93,21 @@ class BinSGDM(BatchedCompressor):
             optimizer, with its own momentum and its own per-coordinate normaliser.
     """
 
-    method = "BinSGDM"
+    name = "BinSGDM"
     under_adam = "step"  # it is the optimizer itself (preconditioning.ThroughAdam)
     own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
+    returns_step = "BinSGDM"  # its result is the step itself (hvdcomp.method.Method)
+    refused = ("min_compress_numel", "precondition", "decision")
+    refusal = "every tensor is voted on, and BinSGDM carries its own momentum and normaliser"
+    fixed = {"min_compress_numel": 0}
     n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
 
-    def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat",
-                 **common):
-        refused = sorted(common.keys() & {"min_compress_numel", "precondition", "decision"})
-        if refused:
-            raise TypeError(f"BinSGDM takes no {', '.join(refused)}: every tensor is voted on, "
-                            "and BinSGDM carries its own momentum and normaliser")
-        super().__init__(min_compress_numel=0, **common)
+    def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat"):
         self.betas, self.eps = moment_constants(betas, eps)
         self.betas_in_use = self.betas  # (b1, b2) for the user's optimizer (under_sgd_momentum)
         self.ranks_per_node = validate.optional_count("ranks_per_node", ranks_per_node, 1)
         self.uneven = validate.choice("uneven", uneven, ("flat", "error"))
-        self._hierarchy = None
+        self.hierarchy = None  # the node layout in use (``layout``)
         kernels.warm("votes")
 
     def settings(self):
@@ -123,23 +121,18 @@ class BinSGDM(BatchedCompressor):
         self.betas_in_use = (b1, self.betas[1])
         return True
 
-    def returns_step(self):
-        """BinSGDM's result is the step itself (see ``BatchedCompressor.returns_step``)."""
-        return "BinSGDM"
-
-    def hierarchy(self):
-        """The node layout in use (built collectively on first use)."""
-        ctx = self.engine.context()
-        if self._hierarchy is None or self._hierarchy.parent is not ctx:
-            self._hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
-        return self._hierarchy
+    def layout(self, ctx):
+        """The node layout over ``ctx`` (built collectively on first use, and for a new ctx)."""
+        if self.hierarchy is None or self.hierarchy.parent is not ctx:
+            self.hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
+        return self.hierarchy
 
     def prepare(self, batch):
         return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])
                  if _scaled(e) else 0.0] for e in batch.entries]
 
     def reduce(self, batch, scalars):
-        ctx, hier = batch.ctx, self.hierarchy()
+        ctx, hier = batch.ctx, self.layout(batch.ctx)
         # the votes and the mean follow the gradients (host arrays: fused kernels; tensors on a
         # device: array operations there); the inter-node stages work on host arrays
         path = FusedPath if kernels.active(*(e.work for e in batch.entries)) else ReferencePath

@@ -313,7 +313,7 @@ class Scheduler:
             else:
                 rule = "dp"
             new = make_plan(order, sizes, backward, samples, rule, self.cost).as_dict()
-            log.info("%s: %s", self.engine.method.method, FusionPlan.from_dict(new).describe())
+            log.info("%s: %s", self.engine.method.name, FusionPlan.from_dict(new).describe())
         self.plan = FusionPlan.from_dict(ctx.bcast_object(new))
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def inner_optimizer(who, setting, found, rank):
     whose result is the optimizer's step itself (it carries its own momentum and normaliser:
     BinSGDM, ``precondition='adam'``; None: no such setting) and the user's optimizer is neither
     plain SGD without momentum (or with it, where the compressor adapts to it:
-    ``BatchedCompressor.under_sgd_momentum``) nor an Adam/AdamW whose moments hvdcomp sets
+    ``Method.under_sgd_momentum``) nor an Adam/AdamW whose moments hvdcomp sets
     (``hvdcomp.preconditioning.ThroughAdam``): ``found`` describes it (the adapter's
     ``optimizer_kind``; None: plain SGD, such an Adam, or one the adapter cannot tell). Every
     rank checks its own optimizer at its first gradient, before anything is communicated."""

@@ -43,7 +43,7 @@ from hvdcomp import feedback, kernels, preconditioning, signmsg
 from hvdcomp.backend import unpack_signs, xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import votes
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 
 def vote_total(rows, d, like=None):
@@ -119,20 +119,19 @@ def exchange(batch, packed, preconditioner):
     return ctx.allgather_array(packed, dtype=np.uint8)
 
 
-class EFSignSGD(BatchedCompressor):
+class EFSignSGD(Method):
     """EF-signSGD with majority vote for ``hvd.DistributedOptimizer(...,
     compression=hvdcomp.EFSignSGD)`` (definition and sources in the module docstring).
 
-    Args: the common ones of every hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``):
+    Args: the common ones of every hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``):
     min_compress_numel, on_nonfinite, seed (unused: the method draws no random numbers), fusion,
     fusion_cost, precondition.
     """
 
-    method = "EFSignSGD"
+    name = "EFSignSGD"
     n_scalars = 1  # this rank's scale ||p||_1 / d
 
-    def __init__(self, **common):
-        super().__init__(**common)
+    def __init__(self):
         kernels.warm("signs")
 
     def prepare(self, batch):

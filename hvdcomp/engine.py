@@ -138,7 +138,7 @@ class Entry:
     data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
     entry ``by_horovod``); the preconditioner may replace it by what it sends.
     ``by_horovod``: Horovod's own allreduce sums this tensor (``compress`` handed it to Horovod
-    as it is, see ``hvdcomp.protocol.horovod_sums``); hvdcomp holds it to the batch's agreement
+    as it is, see ``hvdcomp.facade.horovod_sums``); hvdcomp holds it to the batch's agreement
     and finiteness verdict only: its status is set here, from the tensor as compress() saw it
     (the adapter's ``all_finite``; with ``defer``, where the step is expected to be quiet, only
     if it turns out not to be: ``status_now``), and its result is a ``HorovodSum``.
@@ -264,14 +264,15 @@ class Batch:
 
 
 class StepEngine:
-    """Reduces batches for one compressor ``method`` (which provides ``method`` (its name),
-    ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with ``preconditioner``
-    (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``), ``store`` (a
-    ``StateStore``) and ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
-    compresses)."""
+    """Reduces batches for one ``method`` (``hvdcomp.method.Method``, or a wrapper with its
+    contract: ``name``, ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with
+    ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
+    ``store`` (a ``StateStore``), ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
+    compresses) and ``describe`` (a callable: the settings every rank must agree on)."""
 
-    def __init__(self, method, store, preconditioner, decision, on_nonfinite):
+    def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe):
         self.method, self.store, self.pre = method, store, preconditioner
+        self.describe = describe
         # a tensor the decision passes adds its memory (the method's own carry where it has one)
         self.carry = getattr(method, "carry", feedback.carry)
         self.decision, self.on_nonfinite = decision, on_nonfinite
@@ -296,7 +297,7 @@ class StepEngine:
 
     def context(self):
         """The ``CommContext`` of the process set this engine is bound to (the world by default)."""
-        return checks.context(self.method.method, self.ranks)
+        return checks.context(self.method.name, self.ranks)
 
     def bind(self, ranks):
         """Reduce over the process set of world ``ranks`` (a sorted tuple; None: every rank)
@@ -306,10 +307,10 @@ class StepEngine:
             return
         if self.step or self.store.keys() or self.results:
             raise HvdcompError(
-                f"{self.method.method}: one compressor instance was used with process set "
+                f"{self.method.name}: one compressor instance was used with process set "
                 f"{_set_name(self.ranks)} and now with {_set_name(ranks)}; its state belongs to "
                 "one set. Give each process set its own instance, e.g. compression="
-                f"hvdcomp.{type(self.method).__name__}().")
+                f"hvdcomp.{self.method.name}().")
         self.ranks = ranks
 
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
@@ -393,13 +394,13 @@ class StepEngine:
 
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
-        name = self.method.method
+        name = self.method.name
         first = self.batch == 0
         if first:
             self.scale = loss_scale.current()
             self.decision.begin()  # where no compress() came first (graph front ends)
         self.atypical = self._classify(entries) or (self.atypical and not first)
-        agreed = checks.agree(ctx, entries, name, self.step, self.method.describe(), self.scale,
+        agreed = checks.agree(ctx, entries, name, self.step, self.describe(), self.scale,
                               self.decision.last_window if first else 0.0)
         if first:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
@@ -553,7 +554,7 @@ def report_nonfinite(engine, where):
     more = f" and {len(where) - 8} more" if len(where) > 8 else ""
     log.warning("%s: step %d skipped (non-finite step number %d): NaN/Inf in %s%s; the "
                 "compressor state is unchanged, the step returns %s",
-                engine.method.method, engine.step, count, shown, more,
+                engine.method.name, engine.step, count, shown, more,
                 "NaN for those tensors" if engine.on_nonfinite == "propagate" else "zeros")
 
 

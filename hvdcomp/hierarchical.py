@@ -73,8 +73,7 @@ def checked_mode(mode):
 def node_layout(compressor):
     """The node layout ``compressor``'s last compressed batch found ('2 node(s) x 2 rank(s)';
     its stages run only where several nodes have several ranks), or None (none yet, or flat)."""
-    hier = getattr(compressor.engine.method, "hierarchy", None)  # BinSGDM's: a method
-    hier = hier() if callable(hier) else hier
+    hier = getattr(compressor.engine.method, "hierarchy", None)  # the wrapper's, or BinSGDM's
     return None if hier is None else hier.describe()
 
 
@@ -88,11 +87,11 @@ def wrap(method, mode):
 
 class Hierarchical:
     """``method`` with intra-/inter-node stages (module docstring); the same contract as the
-    method (``method``, ``n_scalars``, ``describe``, ``prepare``, ``reduce``, ``carry``)."""
+    method (``name``, ``n_scalars``, ``prepare``, ``reduce``; and ``carry``)."""
 
     def __init__(self, method):
         self.inner = method
-        self.method, self.n_scalars = method.method, method.n_scalars
+        self.name, self.n_scalars = method.name, method.n_scalars
         self.whole = getattr(method, "node_shares", "elements") == "tensors"
         self.hierarchy = None  # the Hierarchy found at the first compressed batch
         self._rows = None
@@ -100,9 +99,6 @@ class Hierarchical:
         # in the node vectors, indices of the tensors with a shard on this rank)
         self._pending = None
         self._memory = None  # the node's NodeMemory
-
-    def describe(self):
-        return self.inner.describe()
 
     def layout(self, ctx):
         """The ``Hierarchy`` over ``ctx`` when the stages apply there, else None (collective
@@ -116,7 +112,7 @@ class Hierarchical:
             self.hierarchy = hier
             self._shared = all(ctx.allgather_object(self._memory.usable))
             if ctx.rank == 0:
-                log.info("%s: %s, %s", self.method, hier.describe(),
+                log.info("%s: %s, %s", self.name, hier.describe(),
                          "intra-/inter-node stages" if self._staged() else "flat")
         return self.hierarchy if self._staged() else None
 

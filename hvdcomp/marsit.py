@@ -18,7 +18,7 @@ from hvdcomp.algorithms import marsit as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import ring_allreduce
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 
 def decode_fused(batch, entry, bits, delta, share):
@@ -32,7 +32,7 @@ def decode_fused(batch, entry, bits, delta, share):
     return step, memory
 
 
-class Marsit(BatchedCompressor):
+class Marsit(Method):
     """Marsit compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.Marsit)``.
 
     Args:
@@ -45,16 +45,15 @@ class Marsit(BatchedCompressor):
             three in the README.
         seed: seed of the merge masks (with the step, rank and chunk: reproducible runs).
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
-            hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``); precondition: None
+            hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``); precondition: None
             (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``, for Adam users (README,
             "With Adam").
     """
 
-    method = "Marsit"
+    name = "Marsit"
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
 
-    def __init__(self, *, compensation="hybrid", **common):
-        super().__init__(**common)
+    def __init__(self, *, compensation="hybrid"):
         self.compensation = validate.choice("compensation", compensation, tuple(alg.LOCAL_SHARE))
         kernels.warm("signs")
 

@@ -1,6 +1,6 @@
 """Whose tensors a compressor serves: the parameters its per-tensor state belongs to, the
 Horovod process set it reduces over, and the optimizers whose parameter lists the ranks agreed
-on. ``hvdcomp.protocol.BatchedCompressor.compress`` consults one ``Ownership`` per compressor
+on. ``hvdcomp.facade.BatchedCompressor.compress`` consults one ``Ownership`` per compressor
 with each tensor's ``hvdcomp.frontends.Identity`` and acts on the answer."""
 import gc
 import weakref
@@ -68,7 +68,7 @@ class Ownership:
         drivable = getattr(adapter, "drivable_adam", None)  # preconditioning.ThroughAdam's
         found = None if kind is None or (drivable and drivable(optimizer)) else kind(optimizer)
         momentum = getattr(adapter, "sgd_momentum", lambda optimizer: 0.0)(optimizer)
-        if self.who.under_sgd_momentum(momentum) and found is not None and momentum:
+        if self.who.algorithm.under_sgd_momentum(momentum) and found is not None and momentum:
             found = None  # the compressor adapts to SGD's momentum (BinSGDM)
         checks.inner_optimizer(self.who.method, self.who.returns_step(), found, world_rank())
         names = adapter.parameter_names(optimizer)

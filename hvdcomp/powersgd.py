@@ -35,7 +35,7 @@ import numpy as np
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 Q_STATE = "#q"
 
@@ -66,7 +66,7 @@ def initial_q(seed, key, m, rank):
     return rng.standard_normal((m, rank)).astype(np.float32)
 
 
-class PowerSGD(BatchedCompressor):
+class PowerSGD(Method):
     """PowerSGD for ``hvd.DistributedOptimizer(..., compression=hvdcomp.PowerSGD)`` (definition
     and source in the module docstring).
 
@@ -75,15 +75,14 @@ class PowerSGD(BatchedCompressor):
             hook defaults to 1): bytes per tensor ``4 rank (n + m)`` instead of ``4 n m``.
         seed: seed of the starting Q.
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition, decision: as for
-            every hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``).
+            every hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``).
     """
 
-    method = "PowerSGD"
+    name = "PowerSGD"
     node_shares = "tensors"  # in node stages, whole tensors per local rank (module docstring)
     n_scalars = 0
 
-    def __init__(self, *, rank=4, **common):
-        super().__init__(**common)
+    def __init__(self, *, rank=4):
         self.rank = validate.count("rank", rank, minimum=1)
 
     def settings(self):

@@ -19,9 +19,10 @@ tests/conftest.py) and ``"tf-test"`` (the TensorFlow tests, tests/mpi/tf_train.p
 examples' rates come from the equal-effort sweep in benchmarks/convergence_tuning.md; the tests'
 are what the tests were written with. They differ per task on purpose.
 
-Adding a method: its module in hvdcomp/, its export in hvdcomp/__init__.py, and here its line in
-``METHODS``, its base preset (with "digits", "charlm", "digits-test" and "tf-test" rates) and its
-``EXPECT`` entry. Every all-methods test and benchmark then picks it up; nothing else changes.
+Adding a method: its module in hvdcomp/ (a ``hvdcomp.method.Method`` subclass), and here its
+line in ``METHODS`` (hvdcomp exports its compressor from there), its base preset (with
+"digits", "charlm", "digits-test" and "tf-test" rates) and its ``EXPECT`` entry. Every
+all-methods test and benchmark then picks it up; nothing else changes.
 
     >>> from hvdcomp import registry
     >>> comp = registry.build("marsit-adam", seed=1)  # Marsit(precondition="adam", seed=1)
@@ -31,17 +32,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional
 
-from hvdcomp.binsgdm import BinSGDM
-from hvdcomp.efsignsgd import EFSignSGD
-from hvdcomp.marsit import Marsit
-from hvdcomp.powersgd import PowerSGD
-from hvdcomp.sketchfusion import SketchFusion
-from hvdcomp.topk import TopK
+from hvdcomp import binsgdm, efsignsgd, marsit, powersgd, sketchfusion, topk
+from hvdcomp.facade import compressor_class
 
 TASKS = ("digits", "charlm", "tf-digits", "digits-test", "tf-test")
 
-METHODS = {"Marsit": Marsit, "BinSGDM": BinSGDM, "TopK": TopK, "SketchFusion": SketchFusion,
-           "EFSignSGD": EFSignSGD, "PowerSGD": PowerSGD}
+# Each method's Horovod compressor (hvdcomp.facade.compressor_class), exported as hvdcomp.<name>.
+METHODS = {m.name: compressor_class(m) for m in (
+    marsit.Marsit, binsgdm.BinSGDM, topk.TopK, sketchfusion.SketchFusion, efsignsgd.EFSignSGD,
+    powersgd.PowerSGD)}
+Marsit, BinSGDM, TopK, SketchFusion, EFSignSGD, PowerSGD = METHODS.values()
 
 
 class Rates(NamedTuple):

@@ -39,7 +39,7 @@ from hvdcomp.backend import xp
 from hvdcomp.backend.sketch import hashes
 from hvdcomp.backend.topk import topk_exact
 from hvdcomp.comm import ring_allreduce
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 
 def sketch_of(fused, h):
@@ -73,7 +73,7 @@ def heavy_hitters(table, h, k, device=None, scratch=None):
 ESTIMATES = "#estimates"  # the store's scratch key of the step's unsketched estimates
 
 
-class SketchFusion(BatchedCompressor):
+class SketchFusion(Method):
     """Count-Sketch compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.SketchFusion)``.
 
     Args:
@@ -91,22 +91,21 @@ class SketchFusion(BatchedCompressor):
             False: apply the sketch's estimates (one round).
         seed: seed of the hashes (identical on every rank), >= 0.
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
-            hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``).
+            hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``).
     Invalid settings raise ValueError here, at construction.
     """
 
-    method = "SketchFusion"
+    name = "SketchFusion"
     n_scalars = 0
 
     def __init__(self, ratio=0.05, *, momentum_ratio=0.2, rows=3, cols=None, width=2,
-                 exact=True, **common):
+                 exact=True):
         self.ratio = validate.fraction("ratio", ratio)
         self.momentum_ratio = validate.fraction("momentum_ratio", momentum_ratio)
         self.rows = validate.count("rows", rows, 1)
         self.cols = validate.optional_count("cols", cols, 1)
         self.width = validate.count("width (cols per selected position)", width, 1)
         self.exact = validate.flag("exact", exact)
-        super().__init__(**common)
         kernels.warm("sketch")
 
     def settings(self):
@@ -123,7 +122,7 @@ class SketchFusion(BatchedCompressor):
         k = alg.target_count(n, self.ratio)
         c = alg.sketch_cols(k, self.cols, self.width)
         if c < k:
-            raise ValueError(f"{self.method}: the sketch has {c} columns but k = {k} positions "
+            raise ValueError(f"{self.name}: the sketch has {c} columns but k = {k} positions "
                              f"are selected (n = {n}, ratio = {self.ratio}); raise cols")
         return k, self.rows, c
 

@@ -13,7 +13,7 @@ into, so a steady-state step writes its new state into buffers kept across steps
 allocating (the committed value is never handed out as a spare, so a rollback still finds it
 intact). ``scratch(key, like)`` is a work buffer that is not state at all (never saved).
 
-Checkpoints (``hvdcomp.protocol.BatchedCompressor.state_dict``), format 2::
+Checkpoints (``hvdcomp.facade.BatchedCompressor.state_dict``), format 2::
 
     {"format": 2, "method": "Marsit", "settings": {...}, "rank": r, "size": n, "step": s,
      "seed": seed, "skipped": k, "state": {key: NumPy value}, "fusion": {...} (LayerFusion only)}

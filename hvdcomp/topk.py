@@ -39,7 +39,7 @@ from hvdcomp.backend import xp
 from hvdcomp.comm import ring_allreduce
 from hvdcomp.comm.sparse import allgather_sets
 from hvdcomp.comm.tree import tree_broadcast, tree_reduce
-from hvdcomp.protocol import BatchedCompressor
+from hvdcomp.method import Method
 
 PATHS = ("tree", "allgather")
 SELECTIONS = ("approx", "exact")
@@ -111,7 +111,7 @@ def compensate_and_select(batch, entry, k, selection, seed):
                       seed=seed)
 
 
-class TopK(BatchedCompressor):
+class TopK(Method):
     """Top-K compression for ``hvd.DistributedOptimizer(..., compression=hvdcomp.TopK)``.
 
     Args:
@@ -131,15 +131,14 @@ class TopK(BatchedCompressor):
             see ``hvdcomp.backend.topk``) or 'exact'.
         seed: seed of the selection's samples (with the step and tensor: reproducible runs).
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
-            hvdcomp compressor (``hvdcomp.protocol.BatchedCompressor``).
+            hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``).
     """
 
-    method = "TopK"
+    name = "TopK"
     n_scalars = 0
 
     def __init__(self, ratio=None, *, momentum_ratio=None, k=None, bidirectional=True,
-                 path="tree", selection="approx", **common):
-        super().__init__(**common)
+                 path="tree", selection="approx"):
         if k is not None and (ratio is not None or momentum_ratio is not None):
             raise ValueError("TopK takes ratio= or k=, not both (nor momentum_ratio= with k=)")
         self.k = None if k is None else validate.count("k", k, 1)

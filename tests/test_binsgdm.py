@@ -122,7 +122,8 @@ def test_small_int_dtype_and_aligned_shards():
 
 
 def test_public_surface_and_options():
-    assert hvdcomp.BinSGDM.__module__ == "hvdcomp.binsgdm"
+    assert hvdcomp.BinSGDM.Method.__module__ == "hvdcomp.binsgdm"  # the method; its facade:
+    assert hvdcomp.BinSGDM.__module__ == "hvdcomp" and hvdcomp.BinSGDM.method == "BinSGDM"
     assert "BinSGDM" in hvdcomp.__all__
     comp = hvdcomp.BinSGDM(betas=(0.9, 0.999), eps=1e-6, seed=4, ranks_per_node=2)
     assert comp.betas == (0.9, 0.999) and comp.min_compress_numel == 0

@@ -21,14 +21,30 @@ def test_no_class_over_250_lines_and_no_function_over_60():
     assert not too_long, too_long
 
 
-def test_every_public_method_implements_the_interface():
-    from hvdcomp.protocol import BatchedCompressor
+def test_every_public_method_implements_the_contract_and_knows_nothing_of_horovod():
+    """Each public compressor runs a ``hvdcomp.method.Method`` subclass that provides the
+    contract's hooks, and no method module imports the facade, the engine or Horovod."""
+    from hvdcomp.facade import BatchedCompressor
+    from hvdcomp.method import Method
     methods = [getattr(hvdcomp, n) for n in hvdcomp.__all__
                if isinstance(getattr(hvdcomp, n), type)
                and issubclass(getattr(hvdcomp, n), BatchedCompressor)
                and getattr(hvdcomp, n) is not BatchedCompressor]
-    assert len(methods) >= 5
+    assert len(methods) >= 6
     for cls in methods:
+        assert issubclass(cls.Method, Method) and cls.Method is not Method
         for hook in ("prepare", "reduce"):
-            assert getattr(cls, hook) is not getattr(BatchedCompressor, hook), (cls, hook)
-        assert isinstance(cls.method, str) and cls.method != "base"
+            assert getattr(cls.Method, hook) is not getattr(Method, hook), (cls, hook)
+        assert isinstance(cls.method, str) and cls.method == cls.Method.name != "base"
+        module = pathlib.Path(__import__(cls.Method.__module__, fromlist=["_"]).__file__)
+        imported = set()
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        upward = sorted(m for m in imported if m and (
+            m.split(".")[0] == "horovod" or m.startswith(("hvdcomp.facade", "hvdcomp.engine",
+                                                          "hvdcomp.frontends", "hvdcomp.registry"))
+            or m in ("hvdcomp.facade", "hvdcomp.engine", "hvdcomp.registry")))
+        assert not upward, (module.name, upward)

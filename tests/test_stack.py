@@ -160,3 +160,30 @@ def test_keras3_tape_reduces_and_keras3_optimizer_is_refused_on_every_rank():
         assert o["marsit_digest"] == res[0]["marsit_digest"], "ranks differ under hvdcomp"
         assert o["refusal"] and o["refusal"].startswith("ValueError"), o["refusal"]
         assert "tf-keras" in o["refusal"] and "TF_USE_LEGACY_KERAS=1" in o["refusal"], o["refusal"]
+
+
+def test_the_package_metadata_admits_the_stack_it_is_tested_on():
+    """setup.py's requirements admit the numpy, mpi4py, torch and TensorFlow installed here (a
+    ``pip install hvdcomp[torch,tensorflow]`` must not pull another stack than the one tested)."""
+    import ast
+    import importlib.metadata
+    import sys
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    call = next(n for n in ast.walk(ast.parse(open(os.path.join(ROOT, "setup.py")).read()))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords
+          if k.arg in ("install_requires", "extras_require", "python_requires")}
+    wanted = kw["install_requires"] + kw["extras_require"]["torch"] + \
+        kw["extras_require"]["tensorflow"]
+    checked = []
+    for req in map(Requirement, wanted):
+        installed = importlib.metadata.version(req.name)
+        release = installed.split("+")[0]  # torch's local tag (+cpu, +cu130)
+        assert req.specifier.contains(release, prereleases=True), (str(req), installed)
+        checked.append(req.name)
+    assert {"numpy", "mpi4py", "torch", "tensorflow-cpu"} <= set(checked)
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert SpecifierSet(kw["python_requires"]).contains(python), (kw["python_requires"], python)

@@ -53,3 +53,22 @@ def test_bare_class_uses_one_default_instance_per_class():
 def test_invalid_marsit_settings_rejected_at_construction(kwargs):
     with pytest.raises(ValueError):
         hvdcomp.Marsit(**kwargs)
+
+
+def test_the_facade_checks_the_horovod_release_it_was_written_against():
+    """The installed Horovod (scripts/setup.sh builds 0.28.1) passes silently; another release
+    warns once, naming both; a version string with no release prefix is not taken for it."""
+    import warnings
+
+    import horovod
+
+    from hvdcomp.facade import horovod_version
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert horovod_version.check_installed() and horovod_version.check(horovod.__version__)
+    assert horovod_version.release("0.28.1rc0") == (0, 28) and horovod_version.release("x") is None
+    with pytest.warns(UserWarning, match=r"written against Horovod 0\.28\.x and found 0\.29\.2"):
+        assert not horovod_version.check("0.29.2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not horovod_version.check("0.29.2")  # once per version

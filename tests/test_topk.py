@@ -186,7 +186,8 @@ def test_tree_schedule_any_size(size):
 
 # -- construction ---------------------------------------------------------------------------
 def test_public_and_configurable():
-    assert hvdcomp.TopK.__module__ == "hvdcomp.topk"
+    assert hvdcomp.TopK.Method.__module__ == "hvdcomp.topk"  # the method; its facade: hvdcomp
+    assert hvdcomp.TopK.__module__ == "hvdcomp" and hvdcomp.TopK.method == "TopK"
     t = hvdcomp.TopK()
     assert (t.ratio, t.k, t.bidirectional) == (0.01, None, True)
     assert (t.path, t.selection) == ("tree", "approx")

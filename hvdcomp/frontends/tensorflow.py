@@ -78,6 +78,8 @@ def callers():
             import horovod.tensorflow as hvd
         except ImportError:  # no Horovod: nothing can name a tensor
             return ()
+        from hvdcomp.facade import horovod_version
+        horovod_version.check_installed()
         _CALLERS = (
             Caller("horovod.tensorflow.allreduce (hvd.allreduce)",
                    "tensor, name (None: unnamed), process_set", _in(hvd, "allreduce"), _direct),

@@ -44,6 +44,8 @@ def callers():
             from horovod.torch.optimizer import _DistributedOptimizer as Opt
         except ImportError:  # no Horovod: nothing can name a tensor
             return ()
+        from hvdcomp.facade import horovod_version
+        horovod_version.check_installed()
         _CALLERS = (
             Caller("horovod.torch.optimizer._DistributedOptimizer._allreduce_grad_async",
                    "tensor (p.grad, or its dense copy), p (the parameter), name "

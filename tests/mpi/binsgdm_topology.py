@@ -36,7 +36,7 @@ trained_through_compressor = comp.last_stats is not None  # False: Horovod bypas
 g = torch.randn(3000, generator=torch.Generator().manual_seed(hvd.rank()))
 mean = hvd.allreduce(g, name="direct", compression=comp)
 values = sorted(set(np.round(mean.numpy() * hvd.size(), 4).tolist()))
-hier = comp.hierarchy()
+hier = comp.engine.method.hierarchy  # BinSGDM's own node layout
 legs = {k: v.bytes_sent for k, v in comp.last_legs.items()}
 
 try:  # the strict mode: the same layout, refused when the node sizes differ

@@ -2,7 +2,7 @@
 arrays.
 
 The GPU machines have no Horovod, so this drives what a Horovod step drives: the compressor's
-batch entry point ``reduce_batch_now(keys, tensors)`` (``hvdcomp.protocol``), with torch tensors
+batch entry point ``reduce_batch_now(keys, tensors)`` (``hvdcomp.facade``), with torch tensors
 on ``cuda:<local rank>`` (the backend's Torch kernels, messages staged through host memory for
 MPI) and, in the same job, with NumPy arrays of the same values (the host path the CPU tests
 cover). Per method, rank 0 reports every rank's: the devices of the results, a digest of the

@@ -20,13 +20,13 @@ in buckets by a background thread while the backward pass runs; errors keep whol
 semantics. Graph front ends (TensorFlow) call ``reduce_batch_now`` once per step instead, with
 the step's gradients as one batch (``hvdcomp.frontends.tensorflow``).
 
-A method subclasses ``BatchedCompressor`` and provides ``method`` (its name), ``n_scalars``,
-``settings()``, ``prepare(batch)`` and ``reduce(batch, scalars)`` (see ``hvdcomp.engine.Batch``
-for what a batch holds). Its per-tensor state lives in ``self.store`` (``hvdcomp.state``); error
-feedback (``hvdcomp.feedback``) and preconditioning (``hvdcomp.preconditioning``) are composed,
-not inherited. The class itself can be passed as ``compression=``: its methods then act on one
-default instance per class (``Cls.default()``).
+A method (``hvdcomp.method.Method``) knows none of this: ``compressor_class(Method)`` makes its
+Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
+ones, runs the method through the step engine, and reads the method's settings through
+(``hvdcomp.Marsit().compensation``). The class itself can be passed as ``compression=``: its
+methods then act on one default instance per class (``Cls.default()``).
 """
+import inspect
 import logging
 import math
 import os
@@ -84,18 +84,18 @@ class BatchedCompressor:
     stages where several nodes have several ranks, ``hvdcomp.hierarchical``) or 'flat'.
     """
 
-    method = "base"
-    last_legs = None  # {'intra', 'inter'}: CommStats of the last batch's node stages, if any
-    n_scalars = 0
-    under_adam = "momentum"  # precondition=None under the user's Adam (preconditioning.make)
+    method = "base"  # the method's name (``Method.name``), which errors and checkpoints carry
 
-    def __init__(self, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
+    def __init__(self, algorithm, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
                  precondition=None, decision=None, hierarchy=None):
+        self.algorithm = algorithm  # the hvdcomp.method.Method this compressor runs
+        self.method = algorithm.name
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
-        self.preconditioner = preconditioning.make(precondition, self.under_adam)
+        self.preconditioner = algorithm.preconditioner = preconditioning.make(
+            precondition, algorithm.under_adam)
         self._pending = {}  # key -> Entry recorded by compress() since the last flush
         self._ownership = ownership.Ownership(self)
         self._lock = threading.Lock()
@@ -115,34 +115,34 @@ class BatchedCompressor:
         self._bound_set = _UNBOUND  # the process set the engine was last bound to (compress)
         self.decision = Decision(self._decision_mode if self.returns_step() is None else "compress",
                                  self.min_compress_numel)  # (see hvdcomp.decision)
-        self.engine = StepEngine(hierarchical.wrap(self, self.hierarchy_mode), self.store,
-                                 self.preconditioner, self.decision, self.on_nonfinite)
+        self.engine = StepEngine(hierarchical.wrap(self.algorithm, self.hierarchy_mode),
+                                 self.store, self.preconditioner, self.decision,
+                                 self.on_nonfinite, self.describe)
         self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
             self.engine, self._fusion_mode, self._fusion_cost)
 
-    # -- what a method provides ----------------------------------------------------------------
+    # -- the method (hvdcomp.method.Method) --------------------------------------------------
     def settings(self):
-        """The method's own settings (a dict of plain values; constructor arguments)."""
-        return {}
-
-    def prepare(self, batch):
-        """Local work before anything is communicated: float64 array-like of shape
-        ``(len(batch.entries), n_scalars)``. Stages no state."""
-        raise NotImplementedError
-
-    def reduce(self, batch, scalars):
-        """The mean over ranks of each entry (flat, on the entry's device), in entry order;
-        ``scalars``: every rank's, shape ``(size, len(batch.entries), n_scalars)``. Stages the
-        new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
-        raise NotImplementedError
+        """The method's own settings (``Method.settings``)."""
+        return self.algorithm.settings()
 
     def returns_step(self):
-        """The setting whose result is the step itself (``checks.inner_optimizer``), or None."""
-        return self.preconditioner.returns_step
+        """The setting whose result is the step itself (``checks.inner_optimizer``), or None:
+        the method's (BinSGDM) or the preconditioner's (``precondition='adam'``)."""
+        return self.algorithm.returns_step or self.preconditioner.returns_step
 
-    def under_sgd_momentum(self, momentum):
-        """Whether a ``returns_step`` setting adapts to the optimizer's SGD momentum (BinSGDM)."""
-        return False
+    seed = property(lambda self: self.algorithm.seed,
+                    lambda self, value: setattr(self.algorithm, "seed", value),
+                    doc="The seed of the method's random streams (a common setting).")
+    last_legs = property(lambda self: self.algorithm.last_legs,
+                         doc="{'intra', 'inter'}: CommStats of the last batch's node stages.")
+
+    def __getattr__(self, name):
+        """The method's own settings, read through (``hvdcomp.Marsit().compensation``)."""
+        algorithm = self.__dict__.get("algorithm")
+        if algorithm is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(algorithm, name)
 
     def describe(self):
         """The class and every setting (common and the method's): what the ranks must agree on
@@ -318,6 +318,27 @@ class BatchedCompressor:
 
 
 _UNBOUND = object()
+
+
+def compressor_class(method_cls):
+    """The Horovod compressor class of a ``Method`` subclass: named as the method (its docstring
+    too), built with the method's own arguments and the common ones (``BatchedCompressor``).
+    Common settings the method refuses raise TypeError; those it fixes are set."""
+    common = set(inspect.signature(BatchedCompressor.__init__).parameters) - {"self", "algorithm"}
+
+    def __init__(self, *args, **kwargs):
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in common}
+        refused = sorted(given.keys() & set(method_cls.refused))
+        if refused:
+            raise TypeError(f"{method_cls.name} takes no {', '.join(refused)}: "
+                            f"{method_cls.refusal}")
+        BatchedCompressor.__init__(self, method_cls(*args, **kwargs),
+                                   **{**given, **method_cls.fixed})
+
+    return type(method_cls.__name__, (BatchedCompressor,),
+                {"__init__": __init__, "__doc__": method_cls.__doc__, "method": method_cls.name,
+                 "Method": method_cls, "__module__": "hvdcomp",
+                 "__qualname__": method_cls.__name__})
 
 
 def _compressed_twice(compressor, key):

@@ -1,0 +1,81 @@
+"""The method contract: what a compression method is to hvdcomp, and all it may know.
+
+A method reduces one batch of tensors to their mean over the ranks. It knows nothing of Horovod,
+of the facade that users pass as ``compression=`` (``hvdcomp.facade``) or of the step engine
+(``hvdcomp.engine``): everything it is given arrives in a ``hvdcomp.engine.Batch``:
+
+- ``batch.entries``: the tensors it compresses, sorted by name; per entry ``work`` (the flat
+  working gradient, float32 or float64, on its device), ``numel``, ``key`` (its name), and what
+  the shared wrappers set (``gradient``, ``adam``, the error-compensated buffer of
+  ``hvdcomp.feedback``);
+- ``batch.ctx``: the communicator of its process set (``hvdcomp.comm``: rank, size, MPI
+  collectives), already narrowed to a node's shard peers where node stages wrap it;
+- ``batch.store``: its per-tensor state (``hvdcomp.state.StateStore``: ``get``, ``put`` staged
+  until the step lands, ``scratch`` buffers that are not state);
+- ``batch.key(...)``: the key of a random stream (seed, step, rank, chunk), the same on every
+  rank that draws it;
+- ``batch.phase(name)``: a timer (``'encode'``, ``'comm'``, ``'decode'``) for ``last_stats``.
+
+It provides ``prepare(batch)`` (local work, and ``n_scalars`` floats per tensor that every rank
+then receives from every other in one all-gather) and ``reduce(batch, scalars)`` (the reduced
+step of each entry, flat, in entry order; new state staged in the store), ``settings()`` (its
+own constructor arguments, which every rank must agree on and a checkpoint records) and class
+attributes that tell the shared mechanisms how to wrap it (below). ``seed`` and
+``preconditioner`` are common settings the runtime gives it before its first batch.
+
+What wraps a method, written once each: error feedback (``hvdcomp.feedback``, which its
+``reduce`` calls to keep the residual), preconditioning (``hvdcomp.preconditioning``: what a rank
+sends instead of the raw gradient), node stages (``hvdcomp.hierarchical.wrap``), the
+compress-or-pass decision (``hvdcomp.decision``), checks and state (the step engine), and the
+Horovod ``Compressor`` facade (``hvdcomp.facade.compressor_class``, applied by
+``hvdcomp.registry``). A new method is one module with a ``Method`` subclass plus its registry
+entries.
+"""
+
+
+class Method:
+    """Base of the methods (module docstring). Class attributes:
+
+    - ``name``: the name errors, logs and checkpoints carry (``'Marsit'``);
+    - ``n_scalars``: floats per tensor ``prepare`` returns;
+    - ``node_shares``: what node stages hand each local rank, ``'elements'`` (an element shard of
+      every tensor) or ``'tensors'`` (whole tensors: a method that needs a tensor's shape);
+      ``own_stages``: True where the method runs its paper's own stages (BinSGDM);
+    - ``under_adam``: what it does under the user's Adam without ``precondition=``
+      (``hvdcomp.preconditioning.make``);
+    - ``returns_step``: the method's name where its result is the optimizer's step itself (an
+      exact sum of its input is then not what the optimizer expects: no passing), else None;
+    - ``refused``: common settings it cannot take, and ``refusal``, why; ``fixed``: common
+      settings it sets itself (e.g. ``min_compress_numel=0``).
+    """
+
+    name = "base"
+    n_scalars = 0
+    node_shares = "elements"
+    own_stages = False
+    under_adam = "momentum"
+    returns_step = None
+    refused, refusal, fixed = (), "", {}
+    seed = 0  # common settings, set by the runtime (hvdcomp.facade)
+    preconditioner = None
+    last_legs = None  # node stages: {'intra', 'inter'} CommStats of the last batch, if any
+
+    def settings(self):
+        """The method's own settings (a dict of plain values; constructor arguments)."""
+        return {}
+
+    def prepare(self, batch):
+        """Local work before anything is communicated: float64 array-like of shape
+        ``(len(batch.entries), n_scalars)``. Stages no state."""
+        raise NotImplementedError
+
+    def reduce(self, batch, scalars):
+        """The mean over ranks of each entry (flat, on the entry's device), in entry order;
+        ``scalars``: every rank's, shape ``(size, len(batch.entries), n_scalars)``. Stages the
+        new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
+        raise NotImplementedError
+
+    def under_sgd_momentum(self, momentum):
+        """Whether a ``returns_step`` method adapts to the optimizer's SGD ``momentum`` (it may
+        change its own settings in use); False: such an optimizer is refused."""
+        return False
