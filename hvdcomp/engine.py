@@ -273,8 +273,10 @@ class StepEngine:
     def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe):
         self.method, self.store, self.pre = method, store, preconditioner
         self.describe = describe
-        # a tensor the decision passes adds its memory (the method's own carry where it has one)
+        # a tensor the decision passes adds its memory (the method's own carry where it has one,
+        # after its collective set-up for it, on every rank alike: node stages' layout)
         self.carry = getattr(method, "carry", feedback.carry)
+        self.carry_ready = getattr(method, "carry_ready", lambda ctx: None)
         self.decision, self.on_nonfinite = decision, on_nonfinite
         self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps
@@ -412,8 +414,11 @@ class StepEngine:
         big = [e for e in live if not e.dense]
         small = [e for e in live if e.dense and not e.by_horovod]
         rescaled = unscale(live, self.scale)
-        for e in small:
-            if e.status == checks.OK and e.numel >= self.decision.min_numel:  # passed by it
+        passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
+        if any(feedback.pending(self.store, e.key) for e in passed):  # alike on every rank
+            self.carry_ready(ctx)
+        for e in passed:
+            if e.status == checks.OK:
                 self.atypical = self.atypical or feedback.pending(self.store, e.key)
                 self.pre.carry(self.carry, self.store, e)
         n = self.method.n_scalars

@@ -87,13 +87,13 @@ def wrap(method, mode):
 
 class Hierarchical:
     """``method`` with intra-/inter-node stages (module docstring); the same contract as the
-    method (``name``, ``n_scalars``, ``prepare``, ``reduce``; and ``carry``)."""
+    method (``name``, ``n_scalars``, ``prepare``, ``reduce``; and ``carry_ready``, ``carry``)."""
 
     def __init__(self, method):
         self.inner = method
         self.name, self.n_scalars = method.name, method.n_scalars
         self.whole = getattr(method, "node_shares", "elements") == "tensors"
-        self.hierarchy = None  # the Hierarchy found at the first compressed batch
+        self.hierarchy = None  # the Hierarchy, found at the first compressed batch or carry
         self._rows = None
         # between prepare and reduce: (shard batch, per-tensor shard bounds, per-tensor offsets
         # in the node vectors, indices of the tensors with a shard on this rank)
@@ -179,6 +179,12 @@ class Hierarchical:
         self.inner.last_legs = {k: after[k].since(self._legs_before[k]) for k in after}
         return out
 
+    def carry_ready(self, ctx):
+        """Before carrying memories, on every rank alike: the node layout, which places a shard
+        memory (a compressor resumed from a checkpoint in a new process knows none before its
+        first compressed batch)."""
+        self.layout(ctx)
+
     def carry(self, store, entry):
         """``feedback.carry`` for a tensor whose memory is its shard's (module docstring)."""
         memory, owner = store.get(entry.key), store.get(entry.key + feedback.OWNER)
@@ -196,6 +202,9 @@ class Hierarchical:
         add = np.zeros(entry.numel, dtype=np.float32)
         if np.size(memory) == hi - lo:
             add[lo:hi] = np.asarray(xp.to_host(memory)).reshape(-1) * np.float32(L)
+        else:  # a shard of another layout (a checkpoint from other nodes)
+            log.warning("hvdcomp: the memory of %r was saved for another node layout (%d "
+                        "elements, here %d): dropped", entry.key, np.size(memory), hi - lo)
         entry.work = entry.work + xp.from_host(add, entry.work)
         store.drop(entry.key)
 

@@ -102,6 +102,22 @@ def test_a_tensor_the_decision_passes_carries_its_shards_memory(name):
         assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["marsit", "powersgd"])
+def test_a_resumed_compressor_passing_at_its_first_step_carries_the_saved_memory(name):
+    """A checkpoint of node stages' memories (element shards; PowerSGD: whole tensors) loaded by
+    a fresh compressor, which knows no node layout yet and passes every tensor at its first step:
+    the applied step is the mean gradient plus the mean over nodes of the saved memories, on
+    every rank alike (tests/mpi/decision.py, 'resume-pass')."""
+    res = results(run(4, "decision.py", name, 0.05, "resume-pass", timeout=240,
+                      env={**NODES, "HVDCOMP_DECISION": "compress"}))
+    assert all(r["identical"] and r["passed"] for r in res.values())
+    tensors = res[0]["tensors"]
+    assert any(t["memory"] > 0 for t in tensors.values()), tensors
+    for n, t in tensors.items():
+        assert t["error"] <= 1e-4 * t["scale"] + 1e-6, (n, t)
+
+
 @pytest.mark.timeout(500)
 def test_node_stages_under_layerfusion_and_tensorflow():
     """The stages wrap the method wherever the engine runs it: LayerFusion's buckets (reduced by

@@ -2,7 +2,7 @@
 hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
-Args: compression lr, then 'carry', 'resume' or 'adam-carry'.
+Args: compression lr, then 'carry', 'resume', 'resume-pass' or 'adam-carry'.
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -15,6 +15,12 @@ Args: compression lr, then 'carry', 'resume' or 'adam-carry'.
   (model, optimizer, compressor) through torch.save, AFTER more steps; then a fresh model,
   optimizer and compressor load it and run the same steps. Reported: both runs' thresholds and
   digests per step.
+- resume-pass: RESUME_COMPRESSED compressed steps (HVDCOMP_DECISION=compress set by the test), a
+  checkpoint; a fresh model, optimizer and compressor (a new process's: no node layout known yet)
+  load it and pass every tensor from their first step (the threshold set by hand). Rank 0
+  reports, per tensor, the largest difference between that applied step and the mean gradient
+  plus the mean memory that was saved (they must be equal: the memory is carried, not dropped or
+  misplaced), the memory's and the step's scale, and whether the step passed every tensor.
 - adam-carry: under the user's ``torch.optim.AdamW`` (HVDCOMP_DECISION=compress set by the test),
   the step after ``ADAM_COMPRESSED`` compressed ones (past the dense warm-up) passed by hand (the
   decision's threshold set to its last candidate): every rank reports, per tensor, the largest
@@ -156,6 +162,37 @@ def resume():
            mode=comp2.decision.mode, switches=comp.decision.switches)
 
 
+RESUME_COMPRESSED = 5
+
+
+def resume_pass():
+    comp_arg = compression_for(name)
+    model, opt = build(comp_arg, lr, 0.0)
+    comp = compressor_object(comp_arg)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    for i in range(RESUME_COMPRESSED):
+        step(model, opt, i)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                "comp": comp.state_dict()}, saved)
+    memory = mean_over_ranks(memory_of(comp, sizes))
+    saved.seek(0)
+    comp_arg2 = compression_for(name)
+    model2, opt2 = build(comp_arg2, lr, 0.0, state=torch.load(saved, weights_only=False))
+    comp2 = compressor_object(comp_arg2)
+    assert comp2 is not comp
+    comp2.decision.current = -1  # pass every tensor from the first step on
+    grads = mean_over_ranks(local_gradients(model2, RESUME_COMPRESSED))
+    step(model2, opt2, RESUME_COMPRESSED)
+    out = {}
+    for n, p in model2.named_parameters():
+        applied, owed = p.grad.double().numpy().ravel(), grads[n] + memory[n]
+        out[n] = {"error": float(abs(applied - owed).max()), "scale": float(abs(owed).max()),
+                  "memory": float(abs(memory[n]).max())}
+    report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model2),
+           passed=comp2.last_stats.compressed_elements == 0)
+
+
 ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
 
 
@@ -194,4 +231,4 @@ def adam_carry():
     report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model))
 
 
-{"carry": carry, "resume": resume, "adam-carry": adam_carry}[mode]()
+{"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry}[mode]()
