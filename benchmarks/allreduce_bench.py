@@ -11,13 +11,15 @@ compressor instance (by default every method of hvdcomp/registry.py; default set
 compressors take this exact path in training (compress -> Horovod placeholder -> decompress), so
 the time is what a training step pays.
 
-Per (size, method): ``--warmup`` calls, then ``--reps`` timed calls, each preceded by a barrier;
-a call's time is the slowest rank's, the figure is the median over the calls. Also recorded:
+Per size: every method's ``--warmup`` calls, then ``--reps`` rounds of one timed call per method
+(interleaved, so that the machine's drift over the run spreads over every method instead of
+landing on one method's block of calls), each preceded by a barrier; a call's time is the
+slowest rank's, the figure is the median over the calls. Also recorded:
 encode/comm/decode seconds from ``compressor.last_stats.phases`` (median over calls of the
 slowest rank), hvdcomp's bytes sent per rank (mean over ranks, metadata included; for Horovod
 the nominal ring volume 2 (P-1)/P * n * itemsize), and the bytes that really left each emulated
 host on its link (``/sys/class/net/$HVDC_CLUSTER_IFACE/statistics/tx_bytes`` read by each host's
-local rank 0 around the timed calls, divided by the calls; includes barriers and Horovod's
+local rank 0 around each timed call, the mean over the calls; includes barriers and Horovod's
 negotiation). Rank 0 appends one JSON object per line to ``--out``.
 """
 import argparse
@@ -91,80 +93,108 @@ def main():
         grad = torch.randn(n, generator=gen, dtype=torch.float32)
         if args.columns:
             grad = grad[:n - n % args.columns].reshape(-1, args.columns)
-        for method in args.methods.split(","):
-            try:
-                comp = make_compression(method, hvd)
-            except Exception as exc:  # noqa: BLE001 - an unavailable method is reported, not fatal
-                comp, err = None, f"{type(exc).__name__}: {exc}"
-            name = f"{method}.{n}"
-            times, phases, sent = [], [], []
-            status, tx = "ok", None
-            reps = args.reps
-            try:
-                if comp is None:
-                    raise RuntimeError(err)
-                for i in range(args.warmup + reps):
-                    if i == args.warmup:
-                        comm.Barrier()
-                        tx0 = link_tx()
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    res = hvd.allreduce(grad, name=name, op=hvd.Average, compression=comp)
-                    dt = time.perf_counter() - t0
-                    dt = comm.allreduce(dt, op=MPI.MAX)
-                    if i == 0 and args.max_seconds and dt * reps > args.max_seconds:
-                        reps = max(1, int(args.max_seconds // dt))
-                    if i >= args.warmup:
-                        times.append(dt)
-                        st = getattr(comp, "last_stats", None)
-                        if st is not None:
-                            ph = {k: comm.allreduce(st.phases.get(k, 0.0), op=MPI.MAX)
-                                  for k in ("encode", "comm", "decode")}
-                            phases.append(ph)
-                            sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / size)
-                    if i >= args.warmup + reps - 1:
-                        break
-                tx1 = link_tx()
-                assert res.shape == grad.shape and bool(torch.isfinite(res).all())
-                mine = (tx1 - tx0) if (local_rank == 0 and tx0 is not None) else None
-                per_host = [v for v in comm.allgather(mine) if v is not None]
-                tx = statistics.mean(per_host) / len(times) if per_host else None
-            except NotImplementedError as exc:
-                status = f"unavailable: {exc}"
-            except Exception as exc:  # noqa: BLE001
-                status = f"error: {type(exc).__name__}: {exc}"
-            # every rank reached the same point (all raise alike, or none): keep them in step
-            comm.Barrier()
-            rec = {"label": args.label, "rate_bps": args.rate_bps,
-                   "measured_bps": args.measured_bps, "ranks": size, "hosts": cross_size,
-                   "ranks_per_host": local_size, "elements": n, "method": method,
-                   "status": status, "reps": len(times)}
-            if status == "ok":
-                rec["seconds"] = statistics.median(times)
-                rec["seconds_all"] = times
-                if phases:
-                    for k in ("encode", "comm", "decode"):
-                        rec[k] = statistics.median(p[k] for p in phases)
-                    rec["bytes_per_rank"] = statistics.median(sent)
-                    rec["bytes_kind"] = "measured (hvdcomp)"
-                else:
-                    item = 2 if method == "hvd-fp16" else 4
-                    rec["bytes_per_rank"] = 2 * (size - 1) / size * n * item
-                    rec["bytes_kind"] = "nominal ring"
-                rec["link_bytes_per_host"] = tx
+        runs = [Run(method, n, grad, comm, args.reps) for method in args.methods.split(",")]
+        for run in runs:  # warm-up, method by method; sets each one's number of timed calls
+            for _ in range(args.warmup):
+                run.call(timed=False, max_seconds=args.max_seconds, reps=args.reps)
+        for i in range(args.reps):  # interleaved: call i of every method, then call i + 1
+            for run in runs:
+                if i < run.reps:
+                    run.call(timed=True)
+        for run in runs:
+            rec = run.record(args, size, cross_size, local_size)
             if rank == 0:
-                msg = (f"{args.label:>8} n={n:>9} {method:<13} "
-                       + (f"{rec['seconds']*1e3:9.1f} ms  " if status == "ok" else status[:100]))
-                if status == "ok" and "encode" in rec:
-                    msg += f"enc {rec['encode']*1e3:.1f} comm {rec['comm']*1e3:.1f} dec {rec['decode']*1e3:.1f} ms"
-                print(msg, flush=True)
+                print(run.line(args.label, rec), flush=True)
                 if out:
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
-            del comp
-        del grad
+        del runs, grad
     if out:
         out.close()
+
+
+class Run:
+    """One method's calls for one gradient: ``call`` (a barrier, one allreduce, the slowest
+    rank's time, the phases, the bytes hvdcomp sent and those that left the host's link);
+    ``record``: the JSON record (medians over the timed calls). An error in a call marks the
+    method failed on every rank alike (all raise, or none), and its later calls are skipped."""
+
+    def __init__(self, method, n, grad, comm, reps):
+        self.method, self.n, self.grad, self.comm = method, n, grad, comm
+        self.name, self.reps, self.status = f"{method}.{n}", reps, "ok"
+        self.times, self.phases, self.sent, self.tx = [], [], [], []
+        try:
+            self.comp = make_compression(method, hvd)
+        except Exception as exc:  # noqa: BLE001 - an unavailable method is reported, not fatal
+            self.comp, self.status = None, f"error: {type(exc).__name__}: {exc}"
+
+    def call(self, timed, max_seconds=0, reps=0):
+        if self.status != "ok":
+            return
+        comm = self.comm
+        try:
+            comm.Barrier()
+            tx0 = link_tx()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            res = hvd.allreduce(self.grad, name=self.name, op=hvd.Average,
+                                compression=self.comp)
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            comm.Barrier()
+            tx1 = link_tx()
+            assert res.shape == self.grad.shape and bool(torch.isfinite(res).all())
+        except NotImplementedError as exc:
+            self.status = f"unavailable: {exc}"
+        except Exception as exc:  # noqa: BLE001
+            self.status = f"error: {type(exc).__name__}: {exc}"
+        comm.Barrier()  # every rank reached the same point: keep them in step
+        if self.status != "ok":
+            return
+        if not timed:
+            self.reps = (max(1, min(reps, int(max_seconds // dt)))
+                         if max_seconds and dt * reps > max_seconds else reps)
+            return
+        self.times.append(dt)
+        st = getattr(self.comp, "last_stats", None)
+        if st is not None:
+            self.phases.append({k: comm.allreduce(st.phases.get(k, 0.0), op=MPI.MAX)
+                                for k in ("encode", "comm", "decode")})
+            self.sent.append(comm.allreduce(st.bytes_sent, op=MPI.SUM) / comm.size)
+        mine = (tx1 - tx0) if (hvd.local_rank() == 0 and tx0 is not None) else None
+        per_host = [v for v in comm.allgather(mine) if v is not None]
+        if per_host:
+            self.tx.append(statistics.mean(per_host))
+
+    def record(self, args, size, cross_size, local_size):
+        rec = {"label": args.label, "rate_bps": args.rate_bps,
+               "measured_bps": args.measured_bps, "ranks": size, "hosts": cross_size,
+               "ranks_per_host": local_size, "elements": self.n, "method": self.method,
+               "status": self.status, "reps": len(self.times), "interleaved": True}
+        if self.status != "ok" or not self.times:
+            rec["status"] = self.status if self.status != "ok" else "error: no timed call"
+            return rec
+        rec["seconds"] = statistics.median(self.times)
+        rec["seconds_all"] = self.times
+        if self.phases:
+            for k in ("encode", "comm", "decode"):
+                rec[k] = statistics.median(p[k] for p in self.phases)
+            rec["bytes_per_rank"] = statistics.median(self.sent)
+            rec["bytes_kind"] = "measured (hvdcomp)"
+        else:
+            item = 2 if self.method == "hvd-fp16" else 4
+            rec["bytes_per_rank"] = 2 * (size - 1) / size * self.n * item
+            rec["bytes_kind"] = "nominal ring"
+        rec["link_bytes_per_host"] = statistics.mean(self.tx) if self.tx else None
+        return rec
+
+    def line(self, label, rec):
+        msg = (f"{label:>8} n={self.n:>9} {self.method:<13} "
+               + (f"{rec['seconds']*1e3:9.1f} ms  " if rec["status"] == "ok"
+                  else rec["status"][:100]))
+        if rec["status"] == "ok" and "encode" in rec:
+            msg += (f"enc {rec['encode']*1e3:.1f} comm {rec['comm']*1e3:.1f} "
+                    f"dec {rec['decode']*1e3:.1f} ms")
+        return msg
 
 
 if __name__ == "__main__":
