@@ -1,9 +1,13 @@
-"""LayerFusion in training: per-step bucket scheduling for a compressor's step engine
-(``fusion=``), through the engine's public API (``process``, ``end_step``, ``skip_step``,
-``abort_step``, ``context``) only.
+"""The step driver: how a compressor's step is cut into batches for its step engine (``fusion=``),
+one driver for every mode, through the engine's public API (``process``, ``end_step``,
+``skip_step``, ``abort_step``, ``context``) only. The facade hands it every gradient
+(``arrived``) and ends the step with it (``finish_step``); graph front ends hand it a whole step
+at once (``whole_step``).
 
-Contract (modes: 'step' = one batch per step, the historical behaviour, no scheduler;
-'auto' = LayerFusion; 'layerwise' = one bucket per tensor, for benchmarks):
+Modes: 'step' = one batch per step (the default): the plan is the one bucket of every tensor,
+reduced at the step's first ``decompress()`` by the engine's whole-step path (its quiet steps
+included), no thread, no timing; 'auto' = LayerFusion; 'layerwise' = one bucket per tensor, for
+benchmarks. LayerFusion:
 
 - ``arrived(entry)`` is called by ``compress()`` (under the compressor's lock) with every
   gradient, in backward order. It timestamps the arrival (per-layer backward time for free) and,
@@ -124,25 +128,10 @@ def make_plan(order, sizes, backward, samples, rule, cost=None):
                       [int(sum(sizes[lo:hi])) for lo, hi in ranges], rule, est, lat, bw)
 
 
-def plan_of(scheduler):
-    """The plan in use by ``scheduler`` (dict: 'buckets' (lists of tensor names, in processing
-    order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or no
-    scheduler: ``fusion='step'``)."""
-    plan = scheduler.plan if scheduler is not None else None
-    return None if plan is None else plan.as_dict()
-
-
-def describe(scheduler):
-    """One line describing the buckets ``scheduler`` uses (None: ``fusion='step'``)."""
-    if scheduler is None:
-        return "fusion='step' (one batch per step)"
-    if scheduler.plan is None:
-        return f"fusion='{scheduler.mode}', no plan yet (first step: one batch)"
-    return scheduler.plan.describe()
-
-
-class Scheduler:
-    """LayerFusion for one compressor's ``engine`` (see the module docstring)."""
+class StepDriver:
+    """Cuts one compressor's steps into batches for its ``engine`` (see the module docstring):
+    ``mode`` ('step', 'auto' or 'layerwise'), ``cost`` (LayerFusion's given ``(latency s,
+    bandwidth B/s)``, or None: fitted)."""
 
     def __init__(self, engine, mode, cost=None):
         if mode not in MODES:
@@ -154,12 +143,33 @@ class Scheduler:
                                  f"got {cost!r}")
             cost = (lat, bw)
         self.engine, self.mode, self.cost = engine, mode, cost
+        self.one_batch = mode == "step"  # every step is one batch, reduced at its end
         self.plan = None
         self.samples = []  # (reduction id, bytes, seconds) of timed reductions
         self.count = 0  # timed reductions so far (the same sequence on every rank)
         self._cv = threading.Condition()
         self._reset_step()
         self._thread = None
+
+    def plan_dict(self):
+        """The LayerFusion plan in use (dict: 'buckets' (lists of tensor names, in processing
+        order), 'bytes', 'rule', 'estimate', 'latency', 'bandwidth'), or None (no plan yet, or
+        ``fusion='step'``)."""
+        return None if self.plan is None else self.plan.as_dict()
+
+    def describe(self):
+        """One line describing the buckets in use."""
+        if self.one_batch:
+            return "fusion='step' (one batch per step)"
+        if self.plan is None:
+            return f"fusion='{self.mode}', no plan yet (first step: one batch)"
+        return self.plan.describe()
+
+    def whole_step(self, entries):
+        """Reduce ``entries`` (a whole step, any order) as one batch, the step ended by the
+        engine (skipped or rolled back there on NaN/Inf or an error); the results wait in
+        ``engine.results``. Graph front ends reduce every step this way, whatever the mode."""
+        self.engine.process(sorted(entries, key=lambda e: e.key))
 
     # -- per step state ------------------------------------------------------------------------
     def _reset_step(self):
@@ -176,6 +186,8 @@ class Scheduler:
 
     def arrived(self, entry):
         """``compress()`` saw ``entry`` (called under the compressor's lock)."""
+        if self.one_batch:
+            return
         with self._cv:
             if not self.open:
                 self.open = True
@@ -241,6 +253,9 @@ class Scheduler:
     def finish_step(self, pending):
         """Reduce the step's ``pending`` entries (every compress of the step), raising or
         skipping the whole step as described in the module docstring."""
+        if self.one_batch:
+            self.whole_step(pending)
+            return
         self._close()
         processed = {id(e) for b, ms in enumerate(self.members) if self.done[b] for e in ms}
         rest = sorted((e for e in pending if id(e) not in processed), key=lambda e: e.key)
@@ -273,6 +288,8 @@ class Scheduler:
         """Drop the step under way (an error found before its end): wait for the worker, roll
         the step back (``engine.abort_step``). Returns the error the worker's collectives met
         meanwhile, if any (e.g. ``JoinError``: the other ranks have raised it too)."""
+        if self.one_batch:
+            return self.engine.abort_step(pending)
         self._close()
         found = self.error
         self.engine.abort_step(pending)
@@ -318,6 +335,9 @@ class Scheduler:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state(self):
+        """What a checkpoint keeps (None for ``fusion='step'``: nothing)."""
+        if self.one_batch:
+            return None
         return {"mode": self.mode, "plan": None if self.plan is None else self.plan.as_dict(),
                 "samples": [list(s) for s in self.samples], "count": self.count}
 

@@ -18,7 +18,7 @@
    gradient);
 3. prepare: the working arrays divided by the loss scale (``hvdcomp.loss_scale``: methods and
    state see unscaled gradients), the error-feedback memory of a tensor the decision now passes
-   added to what it sends (``hvdcomp.feedback.carry``), the preconditioner's ``before`` and the
+   added to what it sends (``carry_memories``), the preconditioner's ``before`` and the
    method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state
    committed);
 4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
@@ -415,12 +415,7 @@ class StepEngine:
         small = [e for e in live if e.dense and not e.by_horovod]
         rescaled = unscale(live, self.scale)
         passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
-        if any(feedback.pending(self.store, e.key) for e in passed):  # alike on every rank
-            self.carry_ready(ctx)
-        for e in passed:
-            if e.status == checks.OK:
-                self.atypical = self.atypical or feedback.pending(self.store, e.key)
-                self.pre.carry(self.carry, self.store, e)
+        self.atypical = carry_memories(self, ctx, passed) or self.atypical
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
@@ -513,6 +508,21 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def carry_memories(engine, ctx, passed):
+    """Add to what each tensor of ``passed`` (sent uncompressed by the compress-or-pass decision)
+    sends the error-feedback memory its compressed steps left (``engine.carry`` through the
+    preconditioner's ``carry``), after the method's set-up for it (``engine.carry_ready``),
+    where some rank may hold one (``feedback.pending``: alike on every rank). Returns whether a
+    memory was carried (the step is then not typical of the decision's candidate)."""
+    carrying = [e for e in passed if feedback.pending(engine.store, e.key)]
+    if carrying:
+        engine.carry_ready(ctx)
+    live = [e for e in carrying if e.status == checks.OK]
+    for e in live:
+        engine.pre.carry(engine.carry, engine.store, e)
+    return bool(live)
 
 
 def unscale(entries, scale):

@@ -15,10 +15,11 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
    shows (1 for ``op=Average``, size for ``op=Sum``, times any pre/postscale; other ops are
    refused), shaped and typed like the gradient.
 
-With LayerFusion (``fusion='auto'``/``'layerwise'``, ``hvdcomp.bucketing``) the step is reduced
-in buckets by a background thread while the backward pass runs; errors keep whole-step
-semantics. Graph front ends (TensorFlow) call ``reduce_batch_now`` once per step instead, with
-the step's gradients as one batch (``hvdcomp.frontends.tensorflow``).
+The step driver (``hvdcomp.bucketing.StepDriver``) cuts the step into batches: one per step by
+default, or with LayerFusion (``fusion='auto'``/``'layerwise'``) buckets reduced by a background
+thread while the backward pass runs; errors keep whole-step semantics. Graph front ends
+(TensorFlow) call ``reduce_batch_now`` once per step instead, with the step's gradients as one
+batch through the same driver (``hvdcomp.frontends.tensorflow``).
 
 A method (``hvdcomp.method.Method``) knows none of this: ``compressor_class(Method)`` makes its
 Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
@@ -90,7 +91,6 @@ class BatchedCompressor:
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
                  precondition=None, decision=None, hierarchy=None):
         self.algorithm = algorithm  # the hvdcomp.method.Method this compressor runs
-        self.method = algorithm.name
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
         self.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
@@ -118,8 +118,7 @@ class BatchedCompressor:
         self.engine = StepEngine(hierarchical.wrap(self.algorithm, self.hierarchy_mode),
                                  self.store, self.preconditioner, self.decision,
                                  self.on_nonfinite, self.describe)
-        self._fusion = None if self._fusion_mode == "step" else bucketing.Scheduler(
-            self.engine, self._fusion_mode, self._fusion_cost)
+        self.driver = bucketing.StepDriver(self.engine, self._fusion_mode, self._fusion_cost)
 
     # -- the method (hvdcomp.method.Method) --------------------------------------------------
     def settings(self):
@@ -149,8 +148,7 @@ class BatchedCompressor:
         (``hvdcomp.checks.agree``)."""
         return {"class": type(self).__name__, "min_compress_numel": self.min_compress_numel,
                 "on_nonfinite": self.on_nonfinite, "seed": self.seed,
-                "fusion": "step" if self._fusion is None else self._fusion.mode,
-                "fusion_cost": None if self._fusion is None else self._fusion.cost,
+                "fusion": self.driver.mode, "fusion_cost": self.driver.cost,
                 "precondition": self.precondition if self.adam is None else repr(self.adam),
                 "decision": self.decision.mode, "hierarchy": self.hierarchy_mode,
                 **self.settings()}
@@ -191,8 +189,7 @@ class BatchedCompressor:
             entry = self.engine.entry(key, tensor, adapter,
                                       horovod_sums(self, tensor, adapter, ident), ident)
             self._pending[key] = entry
-            if self._fusion is not None:
-                self._fusion.arrived(entry)
+            self.driver.arrived(entry)
         return (tensor if entry.by_horovod else _placeholder(adapter, tensor)), entry.ticket
 
     @default_instance
@@ -237,17 +234,14 @@ class BatchedCompressor:
 
     def _flush(self):
         entries, self._pending = list(self._pending.values()), {}
-        if self._fusion is not None:
-            self._fusion.finish_step(entries)
-        else:
-            self.engine.process(sorted(entries, key=lambda e: e.key))
+        self.driver.finish_step(entries)
 
     def _refuse_op(self):
         """Before ``UnsupportedOpError``: drop the step under way (state unchanged); raise
         ``LaunchError`` for a launch without MPI ranks, ``JoinError`` where a rank in hvd.join()
         explains the placeholder (``checks.confirm_op_refusal``, or LayerFusion's worker)."""
         entries, self._pending = list(self._pending.values()), {}
-        found = self._fusion.abandon(entries) if self._fusion else self.engine.abort_step(entries)
+        found = self.driver.abandon(entries)
         if isinstance(found, JoinError):
             raise found from None
         checks.confirm_op_refusal(self.engine.context())
@@ -265,7 +259,7 @@ class BatchedCompressor:
         with self._lock:
             entries = [Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
                        for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
-            self.engine.process(sorted(entries, key=lambda e: e.key))
+            self.driver.whole_step(entries)
             return [self.engine.take(e.ticket)[0] for e in entries]
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -277,8 +271,8 @@ class BatchedCompressor:
         fields = {"method": self.method, "settings": self.settings(), "step": self.engine.step,
                   "seed": self.seed, "skipped": self.engine.skipped,
                   "decision": self.decision.state()}
-        if self._fusion is not None:
-            fields["fusion"] = self._fusion.state()
+        if self.driver.state() is not None:
+            fields["fusion"] = self.driver.state()
         return state.checkpoint(self.engine.context(), fields, self.store, all_ranks)
 
     @default_instance
@@ -293,8 +287,7 @@ class BatchedCompressor:
             self.engine.skipped = int(mine.get("skipped", 0))
             self.store.load(values)
             self.decision.load(mine.get("decision"))
-            if self._fusion is not None:
-                self._fusion.load(mine.get("fusion"))
+            self.driver.load(mine.get("fusion"))
 
     # -- what a step did, and LayerFusion ------------------------------------------------------
     last_stats = property(lambda self: self.engine.last_stats,
@@ -308,13 +301,13 @@ class BatchedCompressor:
 
     @property
     def fusion_plan(self):
-        """The LayerFusion plan in use (``bucketing.plan_of``), or None."""
-        return bucketing.plan_of(self._fusion)
+        """The LayerFusion plan in use (``StepDriver.plan_dict``), or None."""
+        return self.driver.plan_dict()
 
     @default_instance
     def describe_fusion(self):
         """One line describing the buckets in use (on a bare class: its default instance's)."""
-        return f"{self.method}: {bucketing.describe(self._fusion)}"
+        return f"{self.method}: {self.driver.describe()}"
 
 
 _UNBOUND = object()
@@ -360,7 +353,7 @@ def horovod_sums(compressor, tensor, adapter, ident):
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
-    return (compressor._fusion is None and compressor.preconditioner.name is None
+    return (compressor.driver.one_batch and compressor.preconditioner.name is None
             and not compressor.decision.compresses(math.prod(tensor.shape))
             and not feedback.pending(compressor.store, ident.name)
             and getattr(adapter, "horovod_may_sum", None) is not None

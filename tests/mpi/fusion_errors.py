@@ -52,23 +52,23 @@ def same_state(a, b):
 comp = hvdcomp.Marsit(fusion="layerwise", on_nonfinite="raise")
 model, opt = build(comp)
 run_steps(model, opt, 0, 3)
-before, reductions = comp.state_dict(), comp._fusion.count
+before, reductions = comp.state_dict(), comp.driver.count
 out["buckets"] = comp.fusion_plan["buckets"]
 try:
     run_steps(model, opt, 3, 4, nan_at=3)
     out["nan_error"] = None
 except hvdcomp.NonFiniteGradientError as exc:
     out["nan_error"] = str(exc)
-out["buckets_reduced_before_nan"] = comp._fusion.count - reductions
+out["buckets_reduced_before_nan"] = comp.driver.count - reductions
 out["state_unchanged"] = same_state(before, comp.state_dict())
 
 comp = hvdcomp.TopK(fusion="layerwise", on_nonfinite="skip", seed=3)
 model, opt = build(comp)
 run_steps(model, opt, 0, 3)
-before, reductions = comp.state_dict(), comp._fusion.count
+before, reductions = comp.state_dict(), comp.driver.count
 w_before = [p.detach().clone() for p in model.parameters()]
 run_steps(model, opt, 3, 4, nan_at=3)
-out["skip_buckets_reduced"] = comp._fusion.count - reductions
+out["skip_buckets_reduced"] = comp.driver.count - reductions
 out["skip_params_unchanged"] = all(torch.equal(a, b) for a, b in zip(w_before, model.parameters()))
 after = comp.state_dict()
 out["skip_memory_unchanged"] = same_state(dict(before, step=before["step"] + 1), after)
