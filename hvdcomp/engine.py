@@ -44,7 +44,6 @@ import numpy as np
 from hvdcomp import checks, feedback, kernels, loss_scale
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
-from hvdcomp.errors import HvdcompError
 from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
@@ -268,17 +267,19 @@ class StepEngine:
     contract: ``name``, ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with
     ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
     ``store`` (a ``StateStore``), ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
-    compresses) and ``describe`` (a callable: the settings every rank must agree on)."""
+    compresses), ``describe`` (a callable: the settings every rank must agree on) and ``ranks``
+    (the world ranks of the process set it reduces over, a sorted tuple; None: every rank). The
+    state is the set's: an engine serves one set (``hvdcomp.facade.runtime``)."""
 
-    def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe):
+    def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe,
+                 ranks=None):
         self.method, self.store, self.pre = method, store, preconditioner
-        self.describe = describe
+        self.describe, self.ranks = describe, ranks
         # a tensor the decision passes adds its memory (the method's own carry where it has one,
         # after its collective set-up for it, on every rank alike: node stages' layout)
         self.carry = getattr(method, "carry", feedback.carry)
         self.carry_ready = getattr(method, "carry_ready", lambda ctx: None)
         self.decision, self.on_nonfinite = decision, on_nonfinite
-        self.ranks = None  # the process set's world ranks (None: every rank), see bind()
         self.step = 0  # completed steps
         self.batch = 0  # index of the next batch within the step
         self.skipped = 0
@@ -300,20 +301,6 @@ class StepEngine:
     def context(self):
         """The ``CommContext`` of the process set this engine is bound to (the world by default)."""
         return checks.context(self.method.name, self.ranks)
-
-    def bind(self, ranks):
-        """Reduce over the process set of world ``ranks`` (a sorted tuple; None: every rank)
-        from now on. The state is per process set, so an engine serves one: a different set
-        raises ``HvdcompError``."""
-        if ranks == self.ranks:
-            return
-        if self.step or self.store.keys() or self.results:
-            raise HvdcompError(
-                f"{self.method.name}: one compressor instance was used with process set "
-                f"{_set_name(self.ranks)} and now with {_set_name(ranks)}; its state belongs to "
-                "one set. Give each process set its own instance, e.g. compression="
-                f"hvdcomp.{self.method.name}().")
-        self.ranks = ranks
 
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
         """The ``Entry`` of ``tensor`` (named ``key``) for this step. One ``by_horovod`` is the
@@ -571,10 +558,6 @@ def report_nonfinite(engine, where):
                 "compressor state is unchanged, the step returns %s",
                 engine.method.name, engine.step, count, shown, more,
                 "NaN for those tensors" if engine.on_nonfinite == "propagate" else "zeros")
-
-
-def _set_name(ranks):
-    return "of every rank" if ranks is None else f"of ranks {list(ranks)}"
 
 
 def horovod_bytes(entries, ranks):

@@ -21,7 +21,10 @@ then receives from every other in one all-gather) and ``reduce(batch, scalars)``
 step of each entry, flat, in entry order; new state staged in the store), ``settings()`` (its
 own constructor arguments, which every rank must agree on and a checkpoint records) and class
 attributes that tell the shared mechanisms how to wrap it (below). ``seed`` and
-``preconditioner`` are common settings the runtime gives it before its first batch.
+``preconditioner`` are common settings the runtime gives it before its first batch. Each process
+set a compressor serves runs its own shallow copy of the method (``hvdcomp.facade.runtime``):
+what a method derives from its set (a node layout) it assigns to its own attributes, and it
+keeps no mutable container shared between copies.
 
 What wraps a method, written once each: error feedback (``hvdcomp.feedback``, which its
 ``reduce`` calls to keep the residual), preconditioning (``hvdcomp.preconditioning``: what a rank

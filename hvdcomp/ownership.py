@@ -1,7 +1,8 @@
 """Whose tensors a compressor serves: the parameters its per-tensor state belongs to, the
 Horovod process set it reduces over, and the optimizers whose parameter lists the ranks agreed
-on. ``hvdcomp.facade.BatchedCompressor.compress`` consults one ``Ownership`` per compressor
-with each tensor's ``hvdcomp.frontends.Identity`` and acts on the answer."""
+on. ``hvdcomp.facade.BatchedCompressor.compress`` consults the ``Ownership`` of the tensor's
+process set (one per ``hvdcomp.facade.runtime.Runtime``) with each tensor's
+``hvdcomp.frontends.Identity`` and acts on the answer."""
 import gc
 import weakref
 
@@ -13,7 +14,8 @@ FRESH, FORGET = "fresh", "forget"
 
 
 class Ownership:
-    """The owners of one compressor's state (``who``: the compressor, for messages)."""
+    """The owners of one runtime's state (``who``: the ``Runtime``: its method, the setting
+    that returns the step, and its compressor, for messages)."""
 
     def __init__(self, who):
         self.who = who
@@ -27,7 +29,7 @@ class Ownership:
         Returns None (nothing to do), ``FRESH`` (every parameter seen so far is gone and a step
         is not under way (``mid_step`` False): a new training, e.g. the next run of a
         learning-rate sweep with the bare class; the caller starts from empty state, as a new
-        instance would) or ``FORGET`` (this key's earlier parameter is gone: drop its state).
+        instance would, and claims ``key`` again there) or ``FORGET`` (this key's earlier parameter is gone: drop its state).
         Raises ``HvdcompError`` when another live parameter holds the name (two optimizers
         sharing one compressor)."""
         if owner is None:
@@ -40,7 +42,7 @@ class Ownership:
             if known() is not None:
                 gc.collect()  # the earlier model may be held only by reference cycles
             if known() is not None:
-                name = type(self.who).__name__
+                name = type(self.who.compressor).__name__
                 raise HvdcompError(
                     f"{self.who.method}: two different parameters are both named {key!r} in one "
                     "compressor, so their state would mix. When several optimizers share a "

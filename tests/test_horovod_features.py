@@ -110,3 +110,21 @@ def test_process_sets_reduce_within_the_set():
         assert r["marsit"] == mean and r["topk"] == mean
         assert r["topk_compressed"] == [mean] * 3
     assert res[0]["digest"] == res[1]["digest"]  # one model in the training set
+
+
+@pytest.mark.timeout(300)
+def test_one_compressor_serves_several_process_sets_each_with_its_own_state_and_checkpoint():
+    """One instance (and the bare class) used in a process set and in the global set: each set
+    gets its own runtime (before, the second set raised HvdcompError); checkpoints record and
+    restore each set's state."""
+    res = case("set_runtimes", ranks=4, timeout=240)
+    for rank, r in res.items():
+        own = [0, 1] if rank < 2 else [2, 3]
+        mean = 0.5 if rank < 2 else 2.5
+        assert r["means"] == [mean, 1.5, mean]
+        assert r["shared_steps"] == [[[], 1], [own, 2]], r["shared_steps"]
+        assert r["set_identical"] and r["world_identical"]
+        assert r["saved_sets"] == [None, own] and r["restored_same"]
+        assert r["all_ranks"] and r["all_ranks"].startswith(
+            "HvdcompError: Marsit: this compressor serves 2 process sets"), r["all_ranks"]
+        assert r["one_set"] == own and r["resume_identical"]

@@ -23,7 +23,8 @@ batch through the same driver (``hvdcomp.frontends.tensorflow``).
 
 A method (``hvdcomp.method.Method``) knows none of this: ``compressor_class(Method)`` makes its
 Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
-ones, runs the method through the step engine, and reads the method's settings through
+ones, runs the method through a runtime per process set (``hvdcomp.facade.runtime``: its
+state, decision, step engine and driver), and reads the method's settings through
 (``hvdcomp.Marsit().compensation``). The class itself can be passed as ``compression=``: its
 methods then act on one default instance per class (``Cls.default()``).
 """
@@ -37,9 +38,10 @@ import numpy as np
 
 from hvdcomp import (bucketing, checks, feedback, hierarchical, ownership, preconditioning,
                      state, validate)
-from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS, Decision
+from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
-from hvdcomp.engine import Entry, StepEngine
+from hvdcomp.engine import Entry
+from hvdcomp.facade.runtime import Runtimes
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
 from hvdcomp.frontends import numpy as np_adapter
@@ -90,50 +92,48 @@ class BatchedCompressor:
     def __init__(self, algorithm, *, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
                  on_nonfinite="propagate", seed=0, fusion=None, fusion_cost=None,
                  precondition=None, decision=None, hierarchy=None):
-        self.algorithm = algorithm  # the hvdcomp.method.Method this compressor runs
+        self.algorithm = algorithm  # the method as configured; each Runtime runs a copy
         self.min_compress_numel = validate.count("min_compress_numel", min_compress_numel)
-        self.seed = validate.count("seed", seed)
+        algorithm.seed = validate.count("seed", seed)
         self.on_nonfinite = validate.choice("on_nonfinite", on_nonfinite, NONFINITE_CHOICES)
-        self.preconditioner = algorithm.preconditioner = preconditioning.make(
-            precondition, algorithm.under_adam)
-        self._pending = {}  # key -> Entry recorded by compress() since the last flush
-        self._ownership = ownership.Ownership(self)
-        self._lock = threading.Lock()
-        self._fusion_mode = validate.choice(
+        self.precondition_setting = precondition
+        self._preconditioning = preconditioning.make(precondition, algorithm.under_adam)
+        self.fusion_mode = validate.choice(
             "fusion", DEFAULT_FUSION if fusion is None else fusion, bucketing.MODES)
-        self._fusion_cost = validate.fusion_cost(self._fusion_mode, fusion_cost)
-        self._decision_mode = validate.choice(
+        self.fusion_cost = validate.fusion_cost(self.fusion_mode, fusion_cost)
+        self.decision_mode = validate.choice(
             "decision", DEFAULT_DECISION if decision is None else decision, DECISIONS)
         self.hierarchy_mode = hierarchical.checked_mode(hierarchy)
-        self._start_fresh()
+        self._lock = threading.Lock()
+        self.runtimes = Runtimes(self)  # one per process set (hvdcomp.facade.runtime)
         # Called per tensor: bound once here, not by default_instance.__get__ at every call.
         self.compress, self.decompress = self.compress, self.decompress
 
-    def _start_fresh(self):
-        """Empty state, step 0: the compressor as just built."""
-        self.store = state.StateStore()
-        self._bound_set = _UNBOUND  # the process set the engine was last bound to (compress)
-        self.decision = Decision(self._decision_mode if self.returns_step() is None else "compress",
-                                 self.min_compress_numel)  # (see hvdcomp.decision)
-        self.engine = StepEngine(hierarchical.wrap(self.algorithm, self.hierarchy_mode),
-                                 self.store, self.preconditioner, self.decision,
-                                 self.on_nonfinite, self.describe)
-        self.driver = bucketing.StepDriver(self.engine, self._fusion_mode, self._fusion_cost)
+    def _current(self):
+        """The runtime in use (the global set's before any tensor)."""
+        return self.runtimes.current()
+
+    store = property(lambda self: self._current().store, doc="The runtime's ``StateStore``.")
+    engine = property(lambda self: self._current().engine, doc="The runtime's step engine.")
+    decision = property(lambda self: self._current().decision,
+                        doc="The runtime's compress-or-pass decision (``hvdcomp.decision``).")
+    driver = property(lambda self: self._current().driver,
+                      doc="The runtime's step driver (``hvdcomp.bucketing.StepDriver``).")
+    preconditioner = property(lambda self: self._current().preconditioner,
+                              doc="The runtime's preconditioner (``hvdcomp.preconditioning``).")
 
     # -- the method (hvdcomp.method.Method) --------------------------------------------------
     def settings(self):
-        """The method's own settings (``Method.settings``)."""
-        return self.algorithm.settings()
+        """The method's own settings in use (``Method.settings``)."""
+        return self._current().algorithm.settings()
 
-    def returns_step(self):
-        """The setting whose result is the step itself (``checks.inner_optimizer``), or None:
-        the method's (BinSGDM) or the preconditioner's (``precondition='adam'``)."""
-        return self.algorithm.returns_step or self.preconditioner.returns_step
+    @property
+    def seed(self):
+        """The seed of the method's random streams (a common setting; a checkpoint restores
+        its runtime's)."""
+        return (self.runtimes.last or self).algorithm.seed
 
-    seed = property(lambda self: self.algorithm.seed,
-                    lambda self, value: setattr(self.algorithm, "seed", value),
-                    doc="The seed of the method's random streams (a common setting).")
-    last_legs = property(lambda self: self.algorithm.last_legs,
+    last_legs = property(lambda self: self._current().algorithm.last_legs,
                          doc="{'intra', 'inter'}: CommStats of the last batch's node stages.")
 
     def __getattr__(self, name):
@@ -141,17 +141,13 @@ class BatchedCompressor:
         algorithm = self.__dict__.get("algorithm")
         if algorithm is None or name.startswith("__"):
             raise AttributeError(name)
-        return getattr(algorithm, name)
+        runtimes = self.__dict__.get("runtimes")
+        return getattr((runtimes and runtimes.last or self).algorithm, name)
 
     def describe(self):
         """The class and every setting (common and the method's): what the ranks must agree on
         (``hvdcomp.checks.agree``)."""
-        return {"class": type(self).__name__, "min_compress_numel": self.min_compress_numel,
-                "on_nonfinite": self.on_nonfinite, "seed": self.seed,
-                "fusion": self.driver.mode, "fusion_cost": self.driver.cost,
-                "precondition": self.precondition if self.adam is None else repr(self.adam),
-                "decision": self.decision.mode, "hierarchy": self.hierarchy_mode,
-                **self.settings()}
+        return self._current().describe()
 
     # -- class used bare: one default instance per class -------------------------------------
     @classmethod
@@ -164,32 +160,31 @@ class BatchedCompressor:
     # -- the Horovod Compressor protocol ------------------------------------------------------
     @default_instance
     def compress(self, tensor):
-        """Record ``tensor`` for this step's batch; return (placeholder, or the tensor itself
-        where Horovod sums it (``horovod_sums``), ctx)."""
+        """Record ``tensor`` for this step's batch in its process set's runtime; return
+        (placeholder, or the tensor itself where Horovod sums it (``horovod_sums``), ctx)."""
         adapter = adapter_for(tensor)
         ident = adapter.tensor_identity(tensor, self.method)  # or UnnamedTensorError
         with self._lock:
-            verdict = self._ownership.claim(ident.name, ident.owner, bool(self._pending))
+            rt = self.runtimes.for_set(ident.process_set)
+            verdict = rt.ownership.claim(ident.name, ident.owner, bool(rt.pending))
             if verdict == ownership.FRESH:
                 log.info("%s: a new training (its parameters replace gone ones): starting "
                          "with fresh state", self.method)
-                self._start_fresh()
+                rt = self.runtimes.of(rt.ranks, fresh=True)
+                rt.ownership.claim(ident.name, ident.owner, False)
             elif verdict == ownership.FORGET:
-                self.engine.forget(ident.name)
-            if ident.process_set is not self._bound_set:
-                self.engine.bind(ownership.process_set_ranks(ident.process_set))
-                self._bound_set = ident.process_set
-            self._ownership.check_parameters(self.engine.context, adapter, ident.optimizer)
+                rt.engine.forget(ident.name)
+            rt.ownership.check_parameters(rt.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
                 # Graph front ends (TensorFlow) trace this once; decompress() builds the step.
                 return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
             key = ident.name
-            if key in self._pending:
+            if key in rt.pending:
                 raise _compressed_twice(self, key)
-            entry = self.engine.entry(key, tensor, adapter,
-                                      horovod_sums(self, tensor, adapter, ident), ident)
-            self._pending[key] = entry
-            self.driver.arrived(entry)
+            entry = rt.engine.entry(key, tensor, adapter,
+                                    horovod_sums(rt, tensor, adapter, ident), ident)
+            rt.pending[key] = entry
+            rt.driver.arrived(entry)
         return (tensor if entry.by_horovod else _placeholder(adapter, tensor)), entry.ticket
 
     @default_instance
@@ -205,112 +200,97 @@ class BatchedCompressor:
             # already averaged) without calling compress(); it hands us the result, ctx None.
             return output
         with self._lock:
-            pending = self._pending.get(getattr(ctx, "key", None))
-            if pending is not None and pending.ticket is not ctx:
-                pending = None
-            done = self.engine.results.get(ctx)  # LayerFusion: may be done and pending alike
-            if not pending and done is None:
-                raise HvdcompError(f"{self.method}: decompress() got a ctx it did not issue")
-            entry = pending or done[1]
+            rt, pending, entry = self.runtimes.issued(ctx)
             try:  # Horovod applied the (mean or sum) op of an entry by_horovod itself
                 factor = 1 if entry.by_horovod else self.op_factor(
-                    entry.adapter.reduced(output), ctx.key)
+                    entry.adapter.reduced(output), ctx.key, rt.ranks)
             except UnsupportedOpError:
-                self._refuse_op()
+                self._refuse_op(rt)
                 raise
             if pending:
-                self._flush()
-            flat, entry = self.engine.take(ctx)
+                entries, rt.pending = list(rt.pending.values()), {}
+                rt.driver.finish_step(entries)
+            flat, entry = rt.engine.take(ctx)
         if entry.by_horovod:  # Horovod's result; a skipped step fills it
             return output if flat.fill is None else output.fill_(flat.fill)
         return entry.restore(flat, factor)
 
-    def op_factor(self, values, key):
+    def op_factor(self, values, key, ranks=None):
         """The factor of Horovod's op for tensor ``key`` (1 for Average, the set's size for Sum,
         times pre/postscale) from its reduced placeholder's ``values`` (``adapter.reduced()``;
-        one value: unreduced, 1); ``UnsupportedOpError`` for any other op."""
-        return checks.reduction_factor(values, self.engine.ranks or range(world_size()), key,
-                                       self.method, world_rank())
+        one value: unreduced, 1), over the process set of world ``ranks`` (None: every rank);
+        ``UnsupportedOpError`` for any other op."""
+        return checks.reduction_factor(values, ranks or range(world_size()), key, self.method,
+                                       world_rank())
 
-    def _flush(self):
-        entries, self._pending = list(self._pending.values()), {}
-        self.driver.finish_step(entries)
-
-    def _refuse_op(self):
-        """Before ``UnsupportedOpError``: drop the step under way (state unchanged); raise
-        ``LaunchError`` for a launch without MPI ranks, ``JoinError`` where a rank in hvd.join()
-        explains the placeholder (``checks.confirm_op_refusal``, or LayerFusion's worker)."""
-        entries, self._pending = list(self._pending.values()), {}
-        found = self.driver.abandon(entries)
+    def _refuse_op(self, rt):
+        """Before ``UnsupportedOpError``: drop the step under way in runtime ``rt`` (state
+        unchanged); raise ``LaunchError`` for a launch without MPI ranks, ``JoinError`` where a
+        rank in hvd.join() explains the placeholder (``checks.confirm_op_refusal``, or
+        LayerFusion's worker)."""
+        entries, rt.pending = list(rt.pending.values()), {}
+        found = rt.driver.abandon(entries)
         if isinstance(found, JoinError):
             raise found from None
-        checks.confirm_op_refusal(self.engine.context())
+        checks.confirm_op_refusal(rt.engine.context())
 
-    def reduce_now(self, key, array, reduced_placeholder):
+    def reduce_now(self, key, array, reduced_placeholder, process_set=None):
         """``decompress``'s result for one host array (a direct allreduce) reduced now, times
         its reduced placeholder's op factor (checked before anything is communicated)."""
-        factor = self.op_factor(np_adapter.reduced(reduced_placeholder), key)
-        (flat,) = self.reduce_batch_now([key], [array], gradients=False)
+        ranks = ownership.process_set_ranks(process_set)
+        factor = self.op_factor(np_adapter.reduced(reduced_placeholder), key, ranks)
+        (flat,) = self.reduce_batch_now([key], [array], gradients=False, process_set=process_set)
         return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
-    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None):
-        """The graph front ends' entry point: each array's mean (flat, float32 or float64, where it
-        was), reduced now as one batch, the same keys on every rank (gradients, adam: Entry's)."""
+    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None, process_set=None):
+        """The graph front ends' entry point: each array's mean over ``process_set`` (flat,
+        float32 or float64, where it was), reduced now as one batch, the same keys on every rank
+        of the set (gradients, adam: Entry's)."""
         with self._lock:
+            rt = self.runtimes.for_set(process_set)
             entries = [Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
                        for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
-            self.driver.whole_step(entries)
-            return [self.engine.take(e.ticket)[0] for e in entries]
+            rt.driver.whole_step(entries)
+            return [rt.engine.take(e.ticket)[0] for e in entries]
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance
     def state_dict(self, all_ranks=False):
         """This rank's state (format 2, ``hvdcomp.state``), or with ``all_ranks=True`` every
         rank's, gathered on every rank (a collective: call it on all ranks; rank 0 can then
-        save one file that restores every rank)."""
-        fields = {"method": self.method, "settings": self.settings(), "step": self.engine.step,
-                  "seed": self.seed, "skipped": self.engine.skipped,
-                  "decision": self.decision.state()}
-        if self.driver.state() is not None:
-            fields["fusion"] = self.driver.state()
-        return state.checkpoint(self.engine.context(), fields, self.store, all_ranks)
+        save one file that restores every rank). A compressor used in several process sets
+        saves each set's (``'process_sets'``), this rank's only."""
+        with self._lock:
+            return self.runtimes.state_dict(all_ranks)
 
     @default_instance
     def load_state_dict(self, checkpoint):
         """Restore what ``state_dict()`` returned (this rank's, or the all-ranks form; formats 1
-        and 2)."""
-        mine, values = state.this_ranks(checkpoint, self.method, self.engine.context())
+        and 2), each process set's into its runtime (one without a recorded set: the runtime
+        in use, the global set's before any tensor)."""
         with self._lock:
-            if self._pending:
-                raise HvdcompError(f"{self.method}: load_state_dict() in the middle of a step")
-            self.engine.step, self.seed = int(mine["step"]), int(mine["seed"])
-            self.engine.skipped = int(mine.get("skipped", 0))
-            self.store.load(values)
-            self.decision.load(mine.get("decision"))
-            self.driver.load(mine.get("fusion"))
+            self.runtimes.load_state_dict(checkpoint)
 
     # -- what a step did, and LayerFusion ------------------------------------------------------
-    last_stats = property(lambda self: self.engine.last_stats,
+    last_stats = property(lambda self: self._current().engine.last_stats,
                           doc="``StepStats`` of the last step (None before the first).")
-    total_stats = property(lambda self: self.engine.total_stats,
+    total_stats = property(lambda self: self._current().engine.total_stats,
                            doc="``StepStats`` summed over every step so far.")
 
-    precondition = property(lambda self: self.preconditioner.name, doc="None, 'rms' or 'adam'.")
-    adam = property(lambda self: self.preconditioner.adam,
+    precondition = property(lambda self: self._preconditioning.name,
+                            doc="None, 'rms' or 'adam'.")
+    adam = property(lambda self: self._preconditioning.adam,
                     doc="The ``AdamSettings`` of precondition='adam', else None.")
 
     @property
     def fusion_plan(self):
         """The LayerFusion plan in use (``StepDriver.plan_dict``), or None."""
-        return self.driver.plan_dict()
+        return self._current().driver.plan_dict()
 
     @default_instance
     def describe_fusion(self):
         """One line describing the buckets in use (on a bare class: its default instance's)."""
-        return f"{self.method}: {self.driver.describe()}"
-
-
-_UNBOUND = object()
+        return f"{self.method}: {self._current().driver.describe()}"
 
 
 def compressor_class(method_cls):
@@ -342,10 +322,10 @@ def _compressed_twice(compressor, key):
         f"compression=hvdcomp.{type(compressor).__name__}().")
 
 
-def horovod_sums(compressor, tensor, adapter, ident):
+def horovod_sums(runtime, tensor, adapter, ident):
     """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
     ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
-    ``compressor`` sends uncompressed this step (the compress-or-pass decision passes it, and it
+    a compressor's ``runtime`` (``hvdcomp.facade.runtime``) sends uncompressed this step (the compress-or-pass decision passes it, and it
     holds no error-feedback memory to carry on any rank (``hvdcomp.feedback.pending``; the step
     engine carries it);
     no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
@@ -353,9 +333,9 @@ def horovod_sums(compressor, tensor, adapter, ident):
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
-    return (compressor.driver.one_batch and compressor.preconditioner.name is None
-            and not compressor.decision.compresses(math.prod(tensor.shape))
-            and not feedback.pending(compressor.store, ident.name)
+    return (runtime.driver.one_batch and runtime.preconditioner.name is None
+            and not runtime.decision.compresses(math.prod(tensor.shape))
+            and not feedback.pending(runtime.store, ident.name)
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
 

@@ -344,11 +344,13 @@ class StepBatch:
         # where every rank is (the step op may run on a process set's ranks only).
         checks.context(compressor.method)
         self.compressor, self.call, self.process_set = compressor, call, process_set
-        drives = isinstance(compressor.preconditioner,
+        runtime = compressor.runtimes.for_set(process_set)  # hvdcomp.facade.runtime
+        self.ranks = runtime.ranks
+        drives = isinstance(runtime.preconditioner,
                             (preconditioning.FollowAdam, preconditioning.ThroughAdam))
         self.adam = keras_adam(optimizer) if drives else None
         # the second moment is read and written only where ThroughAdam sets it
-        self.second = isinstance(compressor.preconditioner, preconditioning.ThroughAdam)
+        self.second = isinstance(runtime.preconditioner, preconditioning.ThroughAdam)
         self.moments = []  # (index in keys, Keras Adam's first moment, second or None): step_op
         # compress() is traced inside Horovod's tf.cond around the gradient: the graph around
         # that cond is where allreduce_grads runs (e.g. inside backward_passes_per_step's
@@ -426,7 +428,8 @@ class StepBatch:
                 m = next(read).reshape(-1)
                 adam[i] = KerasAdamMoments(m, None if v is None else next(read).reshape(-1),
                                            (self.adam.beta_1, self.adam.beta_2), values[-1])
-        flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam)
+        flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam,
+                                                 process_set=self.process_set)
         self.results = dict(zip(self.keys, flats))
         if adam is None:
             return np.int64(len(flats))
@@ -437,7 +440,8 @@ class StepBatch:
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
         step's reduction). ``step``: the batch op's output, the input that orders the two."""
-        factor = self.compressor.op_factor(np_adapter.reduced(reduced_placeholder), key)
+        factor = self.compressor.op_factor(np_adapter.reduced(reduced_placeholder), key,
+                                           self.ranks)
         flat = self.results.pop(key)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
@@ -454,6 +458,7 @@ class Deferred:
 
     def __init__(self, compressor, identity, tensor):
         self.compressor, self.key, self.tensor = compressor, identity.name, tensor
+        self.process_set = identity.process_set
         self.batch = None
         call = identity.call
         if call is not None and _batchable(tensor):
@@ -473,7 +478,7 @@ class Deferred:
         work = _working(tensor)
         if self.batch is None:
             def run(value, reduced):
-                return comp.reduce_now(key, value, reduced)
+                return comp.reduce_now(key, value, reduced, self.process_set)
             out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
                                     name="hvdcomp_" + comp.method)
         else:

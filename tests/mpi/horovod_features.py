@@ -26,7 +26,14 @@
 - sets (4 ranks): process sets [0, 1] and [2, 3]: hvd.allreduce(op=Average, process_set=own)
   gives each set's own mean; a training in each set stays identical within the set; a set that
   does other work meanwhile does not hang the other.
+- set_runtimes (4 ranks, sets [0, 1] and [2, 3]): one compressor instance, and the bare class,
+  serve the own set and the global set in turn, each set with its own runtime (state, steps):
+  the means are each set's, the trainings identical within their set; the two-set checkpoint
+  restores both sets into a fresh instance bit for bit (state_dict(all_ranks=True) refuses it on
+  every rank); a one-set checkpoint records its set, loads into a fresh instance before any
+  step, and the resumed training equals the uninterrupted one.
 """
+import copy
 import sys
 import time
 
@@ -41,7 +48,7 @@ from torch_common import (batch, digest, grad_scaler_step, identical_across_rank
 
 CASE = sys.argv[1]
 torch.set_num_threads(1)
-if CASE == "sets":
+if CASE in ("sets", "set_runtimes"):
     SETS = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
     hvd.init(process_sets=SETS)
 else:
@@ -184,6 +191,61 @@ def case_sets():
     out["digest"] = digest(model)
 
 
+def case_set_runtimes():
+    own = SETS[rank // 2]
+    shared = hvdcomp.TopK(ratio=1.0, decision="compress")  # exact: the mean of every element
+    out["means"] = [float(hvd.allreduce(torch.full((3000,), float(rank)), name="x",
+                                        process_set=ps, compression=shared).mean())
+                    for ps in (own, hvd.global_process_set, own)]
+    out["shared_steps"] = sorted([list(k or ()), rt.engine.step]
+                                 for k, rt in shared.runtimes.by_ranks.items())
+
+    def trained(model, process_set, steps, compression):
+        """``model`` after ``steps`` steps, and its optimizer (its hooks stay on the model)."""
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05), compression=compression,
+            named_parameters=model.named_parameters(),
+            **({} if process_set is None else {"process_set": process_set}))
+        train(model, opt, steps)
+        return model, opt
+
+    def fresh():
+        torch.manual_seed(0)  # the same initial weights on every rank
+        return make_model(hidden=32)
+
+    # the bare class: its default instance serves the own set, then every rank
+    in_set, _ = trained(fresh(), own, 3, hvdcomp.Marsit)
+    in_world, _ = trained(fresh(), None, 3, hvdcomp.Marsit)
+    from mpi4py import MPI
+    digests = MPI.COMM_WORLD.allgather([digest(in_set), digest(in_world)])
+    out["set_identical"] = digests[rank][0] == digests[rank ^ 1][0]
+    out["world_identical"] = len({d[1] for d in digests}) == 1
+    saved = hvdcomp.Marsit.state_dict()
+    out["saved_sets"] = [part["process_set"] for part in saved.get("process_sets", [])]
+    restored = hvdcomp.Marsit()
+    restored.load_state_dict(saved)
+    again = restored.state_dict()
+    out["restored_same"] = len(again["process_sets"]) == len(saved["process_sets"]) and all(
+        a["step"] == b["step"] and same_state(a["state"], b["state"])
+        for a, b in zip(again["process_sets"], saved["process_sets"]))
+    out["all_ranks"] = error_of(lambda: hvdcomp.Marsit.state_dict(all_ranks=True))
+    # one set's checkpoint, loaded before any step: the resume equals the run it continues
+    comp = hvdcomp.Marsit(seed=3, decision="compress")  # no timing-driven choice
+    model, opt = trained(fresh(), own, 2, comp)
+    checkpoint, weights = comp.state_dict(), copy.deepcopy(model.state_dict())
+    out["one_set"] = checkpoint["process_set"]
+    resumed = hvdcomp.Marsit(seed=3, decision="compress")
+    resumed.load_state_dict(checkpoint)
+    twin = fresh()
+    twin.load_state_dict(weights)
+    twin_opt = hvd.DistributedOptimizer(torch.optim.SGD(twin.parameters(), lr=0.05),
+                                        compression=resumed, process_set=own,
+                                        named_parameters=twin.named_parameters())
+    train(model, opt, 2, first=2)
+    train(twin, twin_opt, 2, first=2)
+    out["resume_identical"] = digest(model) == digest(twin)
+
+
 def same_state(a, b):
     """Whether two ``StateStore.to_host()`` results hold the same keys and bits."""
     flat = lambda v: v if isinstance(v, tuple) else (v,)  # noqa: E731
@@ -293,6 +355,7 @@ def case_all_small():
 
 
 {"ops": case_ops, "setup": case_setup, "amp": case_amp, "reuse": case_reuse,
- "params": case_params, "sets": case_sets, "small": case_small,
+ "params": case_params, "sets": case_sets, "set_runtimes": case_set_runtimes,
+ "small": case_small,
  "all_small": case_all_small}[CASE]()
 report(rank=rank, **out)

@@ -1,0 +1,162 @@
+"""A compressor reified for one Horovod process set, as Bagua reifies an algorithm per process
+group: ``Runtime``; a compressor's runtimes: ``Runtimes``.
+
+A compressor (``hvdcomp.facade.BatchedCompressor``) holds what the user set. The first tensor
+it meets in a process set (Horovod's global set included) makes that set's ``Runtime``: a copy
+of the method (its settings; what it derives from the set, such as BinSGDM's node layout or its
+momentum under SGD, its own), the preconditioner, the state store, the compress-or-pass
+decision, the step engine bound to the set's communicator, the step driver, the entries
+``compress`` recorded since the step's last flush, and the owners of its state
+(``hvdcomp.ownership``). One compressor, the bare class's default instance included, thus
+serves every process set it is used in; each set's steps, statistics and checkpoint are its own.
+"""
+import copy
+
+from hvdcomp import bucketing, hierarchical, ownership, preconditioning, state
+from hvdcomp.decision import Decision
+from hvdcomp.engine import StepEngine
+from hvdcomp.errors import HvdcompError
+
+
+class Runtime:
+    """``compressor``'s runtime for the process set of world ``ranks`` (a sorted tuple; None:
+    every rank): ``algorithm`` (its copy of the method), ``preconditioner``, ``store``,
+    ``decision``, ``engine``, ``driver``, ``pending`` (key -> ``Entry`` recorded by ``compress``
+    since the step's last flush) and ``ownership``."""
+
+    def __init__(self, compressor, ranks):
+        c = compressor
+        self.compressor, self.ranks, self.method = c, ranks, c.method
+        self.algorithm = copy.copy(c.algorithm)
+        self.preconditioner = self.algorithm.preconditioner = preconditioning.make(
+            c.precondition_setting, self.algorithm.under_adam)
+        self.store = state.StateStore()
+        self.decision = Decision(c.decision_mode if self.returns_step() is None else "compress",
+                                 c.min_compress_numel)  # (see hvdcomp.decision)
+        self.engine = StepEngine(hierarchical.wrap(self.algorithm, c.hierarchy_mode), self.store,
+                                 self.preconditioner, self.decision, c.on_nonfinite,
+                                 self.describe, ranks)
+        self.driver = bucketing.StepDriver(self.engine, c.fusion_mode, c.fusion_cost)
+        self.pending = {}
+        self.ownership = ownership.Ownership(self)
+
+    def returns_step(self):
+        """The setting whose result is the step itself (``checks.inner_optimizer``), or None:
+        the method's (BinSGDM) or the preconditioner's (``precondition='adam'``)."""
+        return self.algorithm.returns_step or self.preconditioner.returns_step
+
+    def describe(self):
+        """The class and every setting in use (common and the method's): what the ranks must
+        agree on (``hvdcomp.checks.agree``)."""
+        c, pre = self.compressor, self.preconditioner
+        return {"class": type(c).__name__, "min_compress_numel": c.min_compress_numel,
+                "on_nonfinite": c.on_nonfinite, "seed": self.algorithm.seed,
+                "fusion": self.driver.mode, "fusion_cost": self.driver.cost,
+                "precondition": pre.name if pre.adam is None else repr(pre.adam),
+                "decision": self.decision.mode, "hierarchy": c.hierarchy_mode,
+                **self.algorithm.settings()}
+
+    def state_dict(self, all_ranks):
+        """This set's checkpoint (``state.checkpoint``: this rank's, or with ``all_ranks`` every
+        rank's of the set, gathered), its process set recorded (``'process_set'``: its world
+        ranks, None for every rank)."""
+        engine = self.engine
+        fields = {"method": self.method, "settings": self.algorithm.settings(),
+                  "step": engine.step, "seed": self.algorithm.seed, "skipped": engine.skipped,
+                  "decision": self.decision.state(),
+                  "process_set": None if self.ranks is None else list(self.ranks)}
+        if self.driver.state() is not None:
+            fields["fusion"] = self.driver.state()
+        return state.checkpoint(engine.context(), fields, self.store, all_ranks)
+
+    def load_state_dict(self, checkpoint):
+        """Restore what ``state_dict`` returned (or a checkpoint of format 1 or 2 without a
+        process set), between steps."""
+        mine, values = state.this_ranks(checkpoint, self.method, self.engine.context())
+        self.engine.step, self.algorithm.seed = int(mine["step"]), int(mine["seed"])
+        self.engine.skipped = int(mine.get("skipped", 0))
+        self.store.load(values)
+        self.decision.load(mine.get("decision"))
+        self.driver.load(mine.get("fusion"))
+
+
+class Runtimes:
+    """A compressor's runtimes: one per process set it has met (``by_ranks``: world ranks, None
+    for every rank -> ``Runtime``) and the one in use (``last``: the runtime of the last tensor
+    compressed, or restored)."""
+
+    def __init__(self, compressor):
+        self.compressor, self.by_ranks, self.last = compressor, {}, None
+        self._last_set = _UNBOUND  # the Horovod process set of the last tensor
+
+    def for_set(self, process_set):
+        """The runtime of a Horovod ``process_set`` (None: the global one), made on first use."""
+        if process_set is self._last_set:
+            return self.last
+        rt = self.of(ownership.process_set_ranks(process_set))
+        self._last_set = process_set
+        return rt
+
+    def of(self, ranks, fresh=False):
+        """The runtime of the set of world ``ranks``, made on first use (``fresh``: anew, its
+        state empty: a new training)."""
+        rt = None if fresh else self.by_ranks.get(ranks)
+        if rt is None:
+            rt = self.by_ranks[ranks] = Runtime(self.compressor, ranks)
+        if rt is not self.last:
+            self.last, self._last_set = rt, _UNBOUND
+        return rt
+
+    def current(self):
+        """The runtime in use (the global set's before any tensor)."""
+        return self.last or self.of(None)
+
+    def issued(self, ctx):
+        """``(runtime, pending, entry)`` of a ``ctx`` that ``compress`` issued: ``pending``,
+        whether it waits for its step's flush (LayerFusion: it may be reduced already, and
+        pending); ``HvdcompError`` for any other."""
+        key = getattr(ctx, "key", None)
+        for rt in (self.last, *self.by_ranks.values()):
+            pending = None if rt is None else rt.pending.get(key)
+            if pending is not None and pending.ticket is ctx:
+                return rt, True, pending
+            done = None if rt is None else rt.engine.results.get(ctx)
+            if done is not None:
+                return rt, False, done[1]
+        raise HvdcompError(f"{self.compressor.method}: decompress() got a ctx it did not issue")
+
+    def state_dict(self, all_ranks):
+        """The compressor's checkpoint: the one set's with state (``Runtime.state_dict``), or
+        with several, this rank's of each (``'process_sets'``; ``all_ranks`` refused)."""
+        used = [self.by_ranks[k] for k in sorted(self.by_ranks, key=_set_order)
+                if self.by_ranks[k].engine.step or self.by_ranks[k].store.keys()]
+        if len(used) <= 1:
+            return (used[0] if used else self.current()).state_dict(all_ranks)
+        method = self.compressor.method
+        if all_ranks:
+            raise HvdcompError(
+                f"{method}: this compressor serves {len(used)} process sets; "
+                "state_dict(all_ranks=True) gathers one set's ranks: save each rank's "
+                "state_dict() instead")
+        return {"method": method, "format": state.FORMAT,
+                "process_sets": [rt.state_dict(False) for rt in used]}
+
+    def load_state_dict(self, checkpoint):
+        """Restore each process set's part of ``checkpoint`` into its runtime (a part without a
+        recorded set, as every checkpoint before process sets were recorded: the one in use)."""
+        for part in checkpoint.get("process_sets", [checkpoint]):
+            ranks = part.get("process_set", _UNBOUND)
+            rt = (self.current() if ranks is _UNBOUND
+                  else self.of(None if ranks is None else tuple(ranks)))
+            if rt.pending:
+                raise HvdcompError(
+                    f"{self.compressor.method}: load_state_dict() in the middle of a step")
+            rt.load_state_dict(part)
+
+
+def _set_order(ranks):
+    """Sort key of process sets (world ranks, None: every rank): the global set first."""
+    return (ranks is not None, ranks or ())
+
+
+_UNBOUND = object()
