@@ -12,7 +12,8 @@ benchmarks. LayerFusion:
 - ``arrived(entry)`` is called by ``compress()`` (under the compressor's lock) with every
   gradient, in backward order. It timestamps the arrival (per-layer backward time for free) and,
   once a plan exists, marks the entry's bucket; a complete bucket wakes the worker.
-- One background thread per compressor processes the plan's buckets strictly in plan order,
+- One background thread per runtime (a compressor's, per process set: ``hvdcomp.facade.runtime``)
+  processes the plan's buckets strictly in plan order,
   each as soon as all of its gradients have been compressed, through the compressor's usual
   checked batch path (``engine.process(..., end_step=False)``), so every rank runs the same
   collectives in the same order (only this thread issues hvdcomp collectives during a step).
@@ -131,17 +132,11 @@ def make_plan(order, sizes, backward, samples, rule, cost=None):
 class StepDriver:
     """Cuts one compressor's steps into batches for its ``engine`` (see the module docstring):
     ``mode`` ('step', 'auto' or 'layerwise'), ``cost`` (LayerFusion's given ``(latency s,
-    bandwidth B/s)``, or None: fitted)."""
+    bandwidth B/s)``, checked by ``hvdcomp.validate.fusion_cost``, or None: fitted)."""
 
     def __init__(self, engine, mode, cost=None):
         if mode not in MODES:
             raise ValueError(f"fusion must be one of {MODES}, got {mode!r}")
-        if cost is not None:
-            lat, bw = (float(c) for c in cost)
-            if not (lat >= 0 and bw > 0):
-                raise ValueError(f"fusion_cost must be (latency >= 0 s, bandwidth > 0 B/s), "
-                                 f"got {cost!r}")
-            cost = (lat, bw)
         self.engine, self.mode, self.cost = engine, mode, cost
         self.one_batch = mode == "step"  # every step is one batch, reduced at its end
         self.plan = None

@@ -29,7 +29,8 @@ class Ownership:
         Returns None (nothing to do), ``FRESH`` (every parameter seen so far is gone and a step
         is not under way (``mid_step`` False): a new training, e.g. the next run of a
         learning-rate sweep with the bare class; the caller starts from empty state, as a new
-        instance would, and claims ``key`` again there) or ``FORGET`` (this key's earlier parameter is gone: drop its state).
+        instance would, and claims ``key`` again there) or ``FORGET`` (this key's earlier
+        parameter is gone: drop its state).
         Raises ``HvdcompError`` when another live parameter holds the name (two optimizers
         sharing one compressor)."""
         if owner is None:

@@ -148,6 +148,7 @@ def checkpoint(ctx, fields, store, all_ranks):
     if not all_ranks:
         return local
     return {"method": fields["method"], "format": FORMAT, "size": ctx.size,
+            **{k: fields[k] for k in ("process_set",) if k in fields},
             "ranks": ctx.allgather_object(local)}
 
 

@@ -47,7 +47,13 @@ def flag(name, value):
 
 
 def fusion_cost(mode, cost):
-    """``cost`` (``fusion_cost=``): given for fusion='auto' only (ValueError otherwise)."""
-    if mode != "auto" and cost is not None:
+    """``cost`` (``fusion_cost=``): None, or for fusion='auto' only ``(latency >= 0 s,
+    bandwidth > 0 B/s)``, returned as a tuple of floats (ValueError otherwise)."""
+    if cost is None:
+        return None
+    if mode != "auto":
         raise ValueError(f"fusion_cost applies to fusion='auto' only (fusion={mode!r})")
-    return cost
+    lat, bw = (float(c) for c in cost)
+    if not (lat >= 0 and bw > 0):
+        raise ValueError(f"fusion_cost must be (latency >= 0 s, bandwidth > 0 B/s), got {cost!r}")
+    return lat, bw

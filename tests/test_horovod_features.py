@@ -127,4 +127,6 @@ def test_one_compressor_serves_several_process_sets_each_with_its_own_state_and_
         assert r["saved_sets"] == [None, own] and r["restored_same"]
         assert r["all_ranks"] and r["all_ranks"].startswith(
             "HvdcompError: Marsit: this compressor serves 2 process sets"), r["all_ranks"]
-        assert r["one_set"] == own and r["resume_identical"]
+        assert r["one_set"] == [own, own] and r["gathered_same"] and r["resume_identical"]
+        assert r["unplaced"] and r["unplaced"].startswith(
+            "HvdcompError: TopK: a checkpoint that records no process set"), r["unplaced"]

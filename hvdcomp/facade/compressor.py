@@ -37,7 +37,7 @@ import threading
 import numpy as np
 
 from hvdcomp import (bucketing, checks, feedback, hierarchical, ownership, preconditioning,
-                     state, validate)
+                     validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry
@@ -324,11 +324,11 @@ def _compressed_twice(compressor, key):
 
 def horovod_sums(runtime, tensor, adapter, ident):
     """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
-    ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that
-    a compressor's ``runtime`` (``hvdcomp.facade.runtime``) sends uncompressed this step (the compress-or-pass decision passes it, and it
-    holds no error-feedback memory to carry on any rank (``hvdcomp.feedback.pending``; the step
-    engine carries it);
-    no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
+    ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that a
+    compressor's ``runtime`` (``hvdcomp.facade.runtime``) sends uncompressed this step (the
+    compress-or-pass decision passes it, and it holds no error-feedback memory to carry on any
+    rank (``hvdcomp.feedback.pending``; the step engine carries it); no preconditioner, one
+    batch per step) and whose Horovod call reduces by mean or sum
     (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness

@@ -88,12 +88,22 @@ class Runtimes:
     def __init__(self, compressor):
         self.compressor, self.by_ranks, self.last = compressor, {}, None
         self._last_set = _UNBOUND  # the Horovod process set of the last tensor
+        self.unplaced = None  # a runtime restored, before any tensor, without a recorded set
 
     def for_set(self, process_set):
-        """The runtime of a Horovod ``process_set`` (None: the global one), made on first use."""
+        """The runtime of a Horovod ``process_set`` (None: the global one), made on first use.
+        ``HvdcompError`` where a checkpoint that records no process set was restored before
+        the first tensor and this set is another than the one it went to (the global one)."""
         if process_set is self._last_set:
             return self.last
         rt = self.of(ownership.process_set_ranks(process_set))
+        if self.unplaced is not None and rt is not self.unplaced:
+            raise HvdcompError(
+                f"{self.compressor.method}: a checkpoint that records no process set (written "
+                "before hvdcomp recorded them) was restored into the global set's state, and "
+                f"the first tensor is reduced in the process set of ranks {list(rt.ranks)}: "
+                "restore it after the first step in that set, or save it again")
+        self.unplaced = None
         self._last_set = process_set
         return rt
 
@@ -127,7 +137,8 @@ class Runtimes:
 
     def state_dict(self, all_ranks):
         """The compressor's checkpoint: the one set's with state (``Runtime.state_dict``), or
-        with several, this rank's of each (``'process_sets'``; ``all_ranks`` refused)."""
+        with several, this rank's of each (``'process_sets'``; ``all_ranks`` refused, which
+        each rank decides alone: every rank of a set must have used the same sets)."""
         used = [self.by_ranks[k] for k in sorted(self.by_ranks, key=_set_order)
                 if self.by_ranks[k].engine.step or self.by_ranks[k].store.keys()]
         if len(used) <= 1:
@@ -143,7 +154,10 @@ class Runtimes:
 
     def load_state_dict(self, checkpoint):
         """Restore each process set's part of ``checkpoint`` into its runtime (a part without a
-        recorded set, as every checkpoint before process sets were recorded: the one in use)."""
+        recorded set, as every checkpoint before process sets were recorded: the one in use),
+        every part checked before any is restored."""
+        before_any = self.last is None
+        placed = []
         for part in checkpoint.get("process_sets", [checkpoint]):
             ranks = part.get("process_set", _UNBOUND)
             rt = (self.current() if ranks is _UNBOUND
@@ -151,7 +165,12 @@ class Runtimes:
             if rt.pending:
                 raise HvdcompError(
                     f"{self.compressor.method}: load_state_dict() in the middle of a step")
+            state.this_ranks(part, rt.method, rt.engine.context())  # raises if it is not
+            placed.append((rt, part))
+        for rt, part in placed:
             rt.load_state_dict(part)
+        if before_any and "process_set" not in checkpoint and "process_sets" not in checkpoint:
+            self.unplaced = self.last
 
 
 def _set_order(ranks):

@@ -84,7 +84,8 @@ out["skip_then_finite"] = all(torch.isfinite(p).all().item() for p in model.para
 comp = hvdcomp.Marsit(fusion="layerwise")
 model, opt = build(comp)
 run_steps(model, opt, 0, 3)
-before, reduce_bucket, threads = comp.state_dict(), comp.algorithm.reduce, []
+method = comp.runtimes.current().algorithm  # the copy of the method the runtime runs
+before, reduce_bucket, threads = comp.state_dict(), method.reduce, []
 
 
 def failing(batch, scalars):
@@ -94,7 +95,7 @@ def failing(batch, scalars):
     return reduce_bucket(batch, scalars)
 
 
-comp.algorithm.reduce = failing  # the method's reduction (hvdcomp.method)
+method.reduce = failing  # the method's reduction (hvdcomp.method)
 try:
     run_steps(model, opt, 3, 4)
     out["worker_error"] = None

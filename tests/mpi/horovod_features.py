@@ -30,8 +30,10 @@
   serve the own set and the global set in turn, each set with its own runtime (state, steps):
   the means are each set's, the trainings identical within their set; the two-set checkpoint
   restores both sets into a fresh instance bit for bit (state_dict(all_ranks=True) refuses it on
-  every rank); a one-set checkpoint records its set, loads into a fresh instance before any
-  step, and the resumed training equals the uninterrupted one.
+  every rank); a one-set checkpoint (this rank's, or the set's ranks gathered) records its set,
+  loads into a fresh instance before any step, and the resumed training equals the
+  uninterrupted one; a checkpoint that records no set, restored before the first tensor, then
+  met in another set raises on every rank.
 """
 import copy
 import sys
@@ -233,7 +235,11 @@ def case_set_runtimes():
     comp = hvdcomp.Marsit(seed=3, decision="compress")  # no timing-driven choice
     model, opt = trained(fresh(), own, 2, comp)
     checkpoint, weights = comp.state_dict(), copy.deepcopy(model.state_dict())
-    out["one_set"] = checkpoint["process_set"]
+    gathered = comp.state_dict(all_ranks=True)  # the set's ranks gathered
+    out["one_set"] = [checkpoint["process_set"], gathered["process_set"]]
+    from_gathered = hvdcomp.Marsit(seed=3, decision="compress")
+    from_gathered.load_state_dict(gathered)
+    out["gathered_same"] = same_state(from_gathered.state_dict()["state"], checkpoint["state"])
     resumed = hvdcomp.Marsit(seed=3, decision="compress")
     resumed.load_state_dict(checkpoint)
     twin = fresh()
@@ -244,6 +250,15 @@ def case_set_runtimes():
     train(model, opt, 2, first=2)
     train(twin, twin_opt, 2, first=2)
     out["resume_identical"] = digest(model) == digest(twin)
+    # a checkpoint that records no set (as written before), restored before the first tensor,
+    # went to the global set: a first tensor in another set raises on every rank
+    world = hvdcomp.TopK(ratio=1.0, decision="compress")
+    hvd.allreduce(torch.ones(3000), name="z", compression=world)
+    unrecorded = {k: v for k, v in world.state_dict().items() if k != "process_set"}
+    restored = hvdcomp.TopK(ratio=1.0, decision="compress")
+    restored.load_state_dict(unrecorded)
+    out["unplaced"] = error_of(lambda: hvd.allreduce(torch.ones(3000), name="z", process_set=own,
+                                                     compression=restored))
 
 
 def same_state(a, b):
