@@ -130,7 +130,7 @@ def make_plan(order, sizes, backward, samples, rule, cost=None):
 
 
 class StepDriver:
-    """Cuts one compressor's steps into batches for its ``engine`` (see the module docstring):
+    """Cuts one runtime's steps into batches for its ``engine`` (see the module docstring):
     ``mode`` ('step', 'auto' or 'layerwise'), ``cost`` (LayerFusion's given ``(latency s,
     bandwidth B/s)``, checked by ``hvdcomp.validate.fusion_cost``, or None: fitted)."""
 
