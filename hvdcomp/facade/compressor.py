@@ -127,17 +127,10 @@ class BatchedCompressor:
         """The method's own settings in use (``Method.settings``)."""
         return self._current().algorithm.settings()
 
-    @property
-    def seed(self):
-        """The seed of the method's random streams (a common setting; a checkpoint restores
-        its runtime's)."""
-        return (self.runtimes.last or self).algorithm.seed
-
-    last_legs = property(lambda self: self._current().algorithm.last_legs,
-                         doc="{'intra', 'inter'}: CommStats of the last batch's node stages.")
-
     def __getattr__(self, name):
-        """The method's own settings, read through (``hvdcomp.Marsit().compensation``)."""
+        """The method's own settings and attributes, read through, from the runtime in use
+        (``hvdcomp.Marsit().compensation``; ``seed``, which a checkpoint restores; ``last_legs``:
+        {'intra', 'inter'} CommStats of the last batch's node stages)."""
         algorithm = self.__dict__.get("algorithm")
         if algorithm is None or name.startswith("__"):
             raise AttributeError(name)

@@ -69,10 +69,15 @@ class Runtime:
             fields["fusion"] = self.driver.state()
         return state.checkpoint(engine.context(), fields, self.store, all_ranks)
 
-    def load_state_dict(self, checkpoint):
-        """Restore what ``state_dict`` returned (or a checkpoint of format 1 or 2 without a
-        process set), between steps."""
-        mine, values = state.this_ranks(checkpoint, self.method, self.engine.context())
+    def this_ranks(self, checkpoint):
+        """``(fields, values)`` of this rank in ``checkpoint`` (what ``state_dict`` returned, or
+        a checkpoint of format 1 or 2 without a process set; ``state.this_ranks``: raises where
+        it was written by another method, set size or rank)."""
+        return state.this_ranks(checkpoint, self.method, self.engine.context())
+
+    def restore(self, mine, values):
+        """Restore this rank's checkpoint ``fields`` and per-tensor ``values``
+        (``this_ranks``), between steps."""
         self.engine.step, self.algorithm.seed = int(mine["step"]), int(mine["seed"])
         self.engine.skipped = int(mine.get("skipped", 0))
         self.store.load(values)
@@ -165,10 +170,9 @@ class Runtimes:
             if rt.pending:
                 raise HvdcompError(
                     f"{self.compressor.method}: load_state_dict() in the middle of a step")
-            state.this_ranks(part, rt.method, rt.engine.context())  # raises if it is not
-            placed.append((rt, part))
-        for rt, part in placed:
-            rt.load_state_dict(part)
+            placed.append((rt, rt.this_ranks(part)))
+        for rt, (mine, values) in placed:
+            rt.restore(mine, values)
         if before_any and "process_set" not in checkpoint and "process_sets" not in checkpoint:
             self.unplaced = self.last
 
