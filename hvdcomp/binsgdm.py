@@ -25,7 +25,12 @@ SGD's ``weight_decay`` (or AdamW's) then gives the decoupled update ``x -= lr * 
                                    named_parameters=model.named_parameters(),
                                    compression=hvdcomp.BinSGDM)
 
-No warm-up, no error feedback.
+No warm-up, no error feedback. Where the compress-or-pass decision passes a tensor (a fast wire:
+``hvdcomp.decision``), BinSGDM steps aside (``hvdcomp.stepaside``): each rank sends its direction
+``u = clip(m / v)`` and its ``mean(v)`` uncompressed, through Horovod's own allreduce (which
+overlaps the backward pass) under SGD, and the step is the mean ``u`` (times the mean scale under
+SGD): the expectation of the voted step, its moments the rank's own as in a voted step, so a
+tensor that switches loses nothing.
 
 One rank: the compressor then moves nothing and returns the rank's own votes, but Horovod's torch
 ``DistributedOptimizer`` calls no compressor at all when ``size() == 1`` (it registers its hooks
@@ -56,7 +61,7 @@ uninterrupted one bit for bit.
 """
 import numpy as np
 
-from hvdcomp import kernels, validate
+from hvdcomp import kernels, stepaside, validate
 from hvdcomp.algorithms import binsgdm as alg
 from hvdcomp.algorithms import moment_constants
 from hvdcomp.algorithms.marsit import MarsitMerge
@@ -87,9 +92,12 @@ class BinSGDM(Method):
             per node, with a warning) or 'error'.
         seed: seed of the random votes and re-binarisations.
         on_nonfinite, fusion, fusion_cost: as for every hvdcomp compressor (a skipped step
-            returns zeros and leaves (m, v) unchanged). Every tensor is voted on (no
-            ``min_compress_numel``, no compress-or-pass ``decision``: an exact sum is not the
-            step its optimizer expects), and BinSGDM takes no ``precondition``: it is itself the
+            returns zeros and leaves (m, v) unchanged), and ``decision``: where it passes a
+            tensor, BinSGDM steps aside (``hvdcomp.stepaside``): each rank sends its direction
+            ``clip(m / v)`` uncompressed (through Horovod's own allreduce where it can), whose
+            mean is the expectation of the mean vote. Every tensor is a candidate (no
+            ``min_compress_numel``: small tensors are voted on too, so every parameter gets the
+            same update rule), and BinSGDM takes no ``precondition``: it is itself the
             optimizer, with its own momentum and its own per-coordinate normaliser.
     """
 
@@ -97,8 +105,8 @@ class BinSGDM(Method):
     under_adam = "step"  # it is the optimizer itself (preconditioning.ThroughAdam)
     own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
     returns_step = "BinSGDM"  # its result is the step itself (hvdcomp.method.Method)
-    refused = ("min_compress_numel", "precondition", "decision")
-    refusal = "every tensor is voted on, and BinSGDM carries its own momentum and normaliser"
+    refused = ("min_compress_numel", "precondition")
+    refusal = "every tensor is a candidate, and BinSGDM carries its own momentum and normaliser"
     fixed = {"min_compress_numel": 0}
     n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
 
@@ -127,9 +135,21 @@ class BinSGDM(Method):
             self.hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
         return self.hierarchy
 
+    def exact_parts(self, work, state):
+        """Where the decision passes a tensor (``hvdcomp.stepaside``): ``(u, s, (m, v))``, the
+        direction ``u = clip(m / v)`` of this rank's updated moments, of which the votes are
+        unbiased draws (so the mean over ranks of ``u`` is the expectation of the mean vote),
+        the scale ``s = mean(v)`` (``normaliser_mean``: the step's scale under SGD) and the new
+        moments, as its compressed step would update them."""
+        b1, b2 = self.betas_in_use
+        m, v = alg.update_moments(work, state, b1, b2)
+        n = max(int(v.shape[0]), 1)
+        s = float(v.sum()) / n if xp.is_torch(v) else float(np.sum(v, dtype=np.float64)) / n
+        return alg.direction(m, v, self.eps), s, (m, v)
+
     def prepare(self, batch):
         return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])
-                 if _scaled(e) else 0.0] for e in batch.entries]
+                 if stepaside.under_sgd(e) else 0.0] for e in batch.entries]
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.layout(batch.ctx)
@@ -173,17 +193,12 @@ class BinSGDM(Method):
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
                 step = path.mean(total[off:off + e.numel], ctx.size, e)
-                if _scaled(e):  # SGD's: the vote times the ranks' mean v
+                if stepaside.under_sgd(e):  # SGD's: the vote times the ranks' mean v
                     xp.multiply(step, float(np.sum(scalars[:, i, 0]) / ctx.size), out=step)
                 out.append(step)
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
-
-
-def _scaled(entry):
-    """Whether ``entry``'s step is scaled for SGD (an optimizer's gradient, not under Adam)."""
-    return entry.adam is None and entry.gradient
 
 
 def pack_votes(votes):

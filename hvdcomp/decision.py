@@ -63,9 +63,10 @@ same threshold, applied from the next step on):
   once instead of three times.
 
 Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
-compresses; for benchmarks and tests), ``'pass'`` (always the last). Methods whose result is the
-optimizer's step itself (BinSGDM, ``precondition='adam'``) always compress: an exact sum of their
-input is not what their optimizer expects. A tensor that switches to passed loses nothing: the
+compresses; for benchmarks and tests), ``'pass'`` (always the last). Where the result is the
+optimizer's step itself, an exact sum of the input is not what the optimizer expects: BinSGDM
+then steps aside instead (``hvdcomp.stepaside``: each rank sends the direction its votes draw
+from), and ``precondition='adam'`` always compresses. A tensor that switches to passed loses nothing: the
 error-feedback memory it holds is added to what it sends in its first passed step
 (``hvdcomp.feedback.carry``). The state (``state()``/``load()``) is in the compressor's
 checkpoints, so a resume holds the same threshold.

@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hvdcomp import checks, feedback, kernels, loss_scale
+from hvdcomp import checks, feedback, kernels, loss_scale, stepaside
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
 from hvdcomp.stats import StepStats, ring_bytes
@@ -279,6 +279,7 @@ class StepEngine:
         # after its collective set-up for it, on every rank alike: node stages' layout)
         self.carry = getattr(method, "carry", feedback.carry)
         self.carry_ready = getattr(method, "carry_ready", lambda ctx: None)
+        self.aside = stepaside.applies(method)  # its passed tensors send messages instead
         self.decision, self.on_nonfinite = decision, on_nonfinite
         self.step = 0  # completed steps
         self.batch = 0  # index of the next batch within the step
@@ -402,7 +403,7 @@ class StepEngine:
         small = [e for e in live if e.dense and not e.by_horovod]
         rescaled = unscale(live, self.scale)
         passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
-        self.atypical = carry_memories(self, ctx, passed) or self.atypical
+        self.atypical = (not self.aside and carry_memories(self, ctx, passed)) or self.atypical
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
@@ -425,11 +426,14 @@ class StepEngine:
             return [unapplied(e, e.work, e.key in nonfinite, self.on_nonfinite)
                     for e in entries], big
         reduced = {e.key: unapplied(e, e.work, False, self.on_nonfinite) for e in absent}
+        aside = send_messages(self, passed) if self.aside else ()
         if big:
             all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
             reduced.update(zip((e.key for e in big),
                                self.method.reduce(Batch(self, ctx, big), all_scalars)))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
+        for e in aside:  # their messages' means (hvdcomp.stepaside)
+            reduced[e.key] = stepaside.step(reduced[e.key], e)
         reduced.update((e.key, SUMMED) for e in entries if e.by_horovod)
         self.pre.after(live, reduced, self.store, self.phase)
         for e in rescaled:
@@ -495,6 +499,18 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def send_messages(engine, passed):
+    """For a method that steps aside (``hvdcomp.stepaside``): each finite tensor of ``passed``
+    sends its message instead of its gradient, its new state staged. Returns those entries (a
+    list, possibly empty)."""
+    live = [e for e in passed if e.status == checks.OK]
+    for e in live:
+        e.work, new_state = stepaside.message(engine.method, e.work,
+                                              engine.store.get(e.key, like=e.work))
+        engine.store.put(e.key, new_state)
+    return live
 
 
 def carry_memories(engine, ctx, passed):

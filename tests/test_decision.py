@@ -207,7 +207,7 @@ def test_under_adamw_a_passed_tensor_carries_its_memory_into_the_momentum_not_th
             assert t["v_error"] <= 1e-5 * t["v_scale"] + 1e-12, (n, t)
 
 
-@pytest.mark.parametrize("name,lr", [("marsit", 0.05), ("topk", 0.05)])
+@pytest.mark.parametrize("name,lr", [("marsit", 0.05), ("topk", 0.05), ("binsgdm", 0.1)])
 def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
     res = results(run(4, "decision.py", name, lr, "resume", env=MEASURE, timeout=240))
     ours = res[0]
@@ -251,3 +251,30 @@ def test_where_every_tensor_is_passed_hvdcomp_agrees_at_doubling_intervals_only(
         assert agreed == [0, 16, 32, 64], r["pass"]["sent"]
         assert all(sent > 0 for sent in r["pass-skip"]["sent"]), r["pass-skip"]["sent"]
     assert res[0]["pass"]["digest"] == res[1]["pass"]["digest"]
+
+
+@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.1), ("adamw", 0.003)])
+def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_switches(
+        optimizer, lr):
+    """BinSGDM, whose result is the step itself, passes by stepping aside (hvdcomp.stepaside):
+    a passed step is the mean over ranks of each rank's ``clip(m / v)`` (times the ranks' mean
+    ``mean(v)`` under SGD; under AdamW the first moment Adam is left with), Horovod's own
+    allreduce carrying it under SGD; the moments are each rank's own, of its own gradients,
+    through voted steps and back; a NaN on one rank leaves them unchanged on every rank; the
+    parameters stay bit-identical."""
+    res = results(run(4, "decision.py", optimizer, lr, "aside", timeout=240))
+    assert sorted(res) == list(range(4))
+    for r in res.values():
+        for row in r["steps"]:
+            assert row["identical"], row
+            assert row["moment_gap"] <= 1e-5, row  # float32 against the float64 twin
+            if row["step"] == 3:  # ASIDE_NAN
+                assert row["all_nan"], row
+                continue
+            voted = row["step"] in (5, 6, 7)  # ASIDE_COMPRESSED
+            assert (row["voted"] > 0) == voted, row
+            if not voted and "step_gap" in row:
+                assert row["step_gap"] <= 1e-5, row
+            if optimizer == "sgd" and not voted:
+                assert row["horovod_bytes"] > 0, row  # the message went by Horovod
+        assert sum("step_gap" in row for row in r["steps"]) >= 7

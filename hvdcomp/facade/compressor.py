@@ -36,8 +36,8 @@ import threading
 
 import numpy as np
 
-from hvdcomp import (bucketing, checks, feedback, hierarchical, ownership, preconditioning,
-                     validate)
+from hvdcomp import (bucketing, checks, feedback, hierarchical, loss_scale, ownership,
+                     preconditioning, validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
 from hvdcomp.engine import Entry
@@ -71,8 +71,8 @@ class default_instance:
 class BatchedCompressor:
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
-    Common args (keywords; BinSGDM takes all but ``min_compress_numel``, ``precondition`` and
-    ``decision``, and has its own stages): ``on_nonfinite``: what a step with NaN/Inf in some
+    Common args (keywords; BinSGDM takes all but ``min_compress_numel`` and ``precondition``,
+    and has its own stages): ``on_nonfinite``: what a step with NaN/Inf in some
     rank's gradient does, on every rank alike, the state left unchanged: 'propagate' (default; as
     Horovod's allreduce: NaN for the non-finite tensors, zeros for the others, so AMP's GradScaler
     skips the step and backs off; rank 0 logs them), 'raise' (``NonFiniteGradientError``;
@@ -178,7 +178,9 @@ class BatchedCompressor:
                                     horovod_sums(rt, tensor, adapter, ident), ident)
             rt.pending[key] = entry
             rt.driver.arrived(entry)
-        return (tensor if entry.by_horovod else _placeholder(adapter, tensor)), entry.ticket
+            if entry.by_horovod:
+                return (rt.message(entry, tensor) if rt.engine.aside else tensor), entry.ticket
+        return _placeholder(adapter, tensor), entry.ticket
 
     @default_instance
     def decompress(self, output, ctx):
@@ -205,6 +207,9 @@ class BatchedCompressor:
                 rt.driver.finish_step(entries)
             flat, entry = rt.engine.take(ctx)
         if entry.by_horovod:  # Horovod's result; a skipped step fills it
+            if rt.engine.aside:  # a message (hvdcomp.stepaside)
+                with self._lock:
+                    return rt.stepped(entry, output, flat.fill)
             return output if flat.fill is None else output.fill_(flat.fill)
         return entry.restore(flat, factor)
 
@@ -326,11 +331,22 @@ def horovod_sums(runtime, tensor, adapter, ident):
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
+    aside = runtime.engine.aside
     return (runtime.driver.one_batch and runtime.preconditioner.name is None
             and not runtime.decision.compresses(math.prod(tensor.shape))
-            and not feedback.pending(runtime.store, ident.name)
+            and (_message_summable(adapter, ident) if aside
+                 else not feedback.pending(runtime.store, ident.name))
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
+
+
+def _message_summable(adapter, ident):
+    """Whether Horovod's allreduce may sum the message of a method that steps aside
+    (``hvdcomp.stepaside``): a gradient of an optimizer other than Adam (whose moments are set
+    as the step lands, ``hvdcomp.preconditioning.ThroughAdam``), not scaled for mixed precision
+    (the state is kept of unscaled gradients, ``hvdcomp.loss_scale``)."""
+    return (getattr(adapter, "adam_moments", lambda ident: None)(ident) is None
+            and loss_scale.current() == 1.0)
 
 
 def _placeholder(adapter, tensor):

@@ -12,7 +12,9 @@ serves every process set it is used in; each set's steps, statistics and checkpo
 """
 import copy
 
-from hvdcomp import bucketing, hierarchical, ownership, preconditioning, state
+import numpy as np
+
+from hvdcomp import bucketing, hierarchical, ownership, preconditioning, state, stepaside
 from hvdcomp.decision import Decision
 from hvdcomp.engine import StepEngine
 from hvdcomp.errors import HvdcompError
@@ -31,14 +33,40 @@ class Runtime:
         self.preconditioner = self.algorithm.preconditioner = preconditioning.make(
             c.precondition_setting, self.algorithm.under_adam)
         self.store = state.StateStore()
-        self.decision = Decision(c.decision_mode if self.returns_step() is None else "compress",
-                                 c.min_compress_numel)  # (see hvdcomp.decision)
+        # a method whose result is the step passes only where it steps aside (hvdcomp.stepaside)
+        passes = self.returns_step() is None or stepaside.applies(self.algorithm)
+        self.decision = Decision(c.decision_mode if passes else "compress", c.min_compress_numel)
         self.engine = StepEngine(hierarchical.wrap(self.algorithm, c.hierarchy_mode), self.store,
                                  self.preconditioner, self.decision, c.on_nonfinite,
                                  self.describe, ranks)
         self.driver = bucketing.StepDriver(self.engine, c.fusion_mode, c.fusion_cost)
         self.pending = {}
+        self.held = {}  # key -> new state of a tensor stepping aside through Horovod (message)
         self.ownership = ownership.Ownership(self)
+
+    def message(self, entry, tensor):
+        """What Horovod sums in place of ``tensor`` (``entry``'s gradient, by Horovod) where the
+        method steps aside (``hvdcomp.stepaside``): its message; the new state is held until
+        ``stepped`` sees the result."""
+        work = entry.adapter.working(tensor, "float32")
+        sent, self.held[entry.key] = stepaside.message(
+            self.algorithm, work, self.store.get(entry.key, like=work))
+        return entry.adapter.restore(sent, sent.shape, tensor.dtype, tensor.device)
+
+    def stepped(self, entry, output, fill):
+        """``entry``'s step (a tensor like its gradient) from Horovod's reduced message
+        ``output`` (``message``), or ``fill`` in every element (a skipped step); the held state
+        is committed where every rank's gradient was finite and the step was not skipped."""
+        new_state = self.held.pop(entry.key)
+        reduced = entry.adapter.working(output, "float32")
+        if fill is not None:
+            flat = np.full(entry.numel, fill, dtype=np.float32)
+        else:
+            flat = stepaside.step(reduced, entry)
+            if stepaside.finite(reduced, entry.numel):
+                self.store.put(entry.key, new_state)
+                self.store.commit()
+        return entry.restore(flat)
 
     def returns_step(self):
         """The setting whose result is the step itself (``checks.inner_optimizer``), or None:

@@ -2,7 +2,8 @@
 hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
-Args: compression lr, then 'carry', 'resume', 'resume-pass' or 'adam-carry'.
+Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry' or 'aside' (with
+'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``).
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -231,4 +232,85 @@ def adam_carry():
     report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model))
 
 
-{"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry}[mode]()
+ASIDE_STEPS, ASIDE_COMPRESSED, ASIDE_NAN = 12, (5, 6, 7), 3
+
+
+def moments_of(comp, names):
+    """This rank's BinSGDM moments per parameter name: (m, v) float64, or None before any."""
+    state = comp.state_dict()["state"]
+    out = {}
+    for n in names:
+        keys = [k for k in state if k.endswith(n) and "#" not in k]
+        out[n] = tuple(np.asarray(a, np.float64).ravel() for a in state[keys[0]]) if keys \
+            else None
+    return out
+
+
+def aside():
+    """BinSGDM stepping aside (hvdcomp.stepaside) under the stock DistributedOptimizer: SGD
+    (lr ``lr``, no momentum) or, with name 'adamw', AdamW. Steps ``ASIDE_COMPRESSED`` are
+    voted (the threshold set by hand), the others passed; at step ``ASIDE_NAN`` rank 1's loss is
+    NaN (the step is synchronized and not applied). Every rank keeps a float64 twin of its own
+    moments from its own gradients (``hvdcomp.algorithms.binsgdm.update_moments``) and reports,
+    per step: the largest gap between BinSGDM's moments and the twin's (relative), for a passed
+    step the largest gap between the applied step (SGD: ``p.grad``; AdamW: Adam's first moment
+    after the step, which ``ThroughAdam`` makes the step) and the mean over ranks of the twins'
+    ``clip(m / v)`` (times the mean over ranks of ``mean(v)`` under SGD), whether Horovod's
+    allreduce carried the message (``horovod_bytes``) and whether nothing was voted; at the NaN
+    step, whether every applied value is NaN; and whether the parameters are identical."""
+    import hvdcomp
+    from hvdcomp.algorithms import binsgdm as alg
+    comp = hvdcomp.BinSGDM(decision="compress")
+    torch.manual_seed(0)
+    model = make_model()
+    adam = name == "adamw"
+    inner = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01) if adam
+             else torch.optim.SGD(model.parameters(), lr=lr))
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                   compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    params = dict(model.named_parameters())
+    twin = {n: None for n in params}
+    steps = []
+    for i in range(ASIDE_STEPS):
+        comp.decision.current = 0 if i in ASIDE_COMPRESSED else -1
+        grads = local_gradients(model, i)
+        xb, yb = batch(xtr, ytr, i, hvd.rank())
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        poisoned = i == ASIDE_NAN
+        (loss * float("nan") if poisoned and hvd.rank() == 1 else loss).backward()
+        row = {"step": i}
+        if poisoned:
+            opt.synchronize()
+            row["all_nan"] = all(bool(torch.isnan(p.grad).all()) for p in params.values())
+            for p in params.values():
+                p.grad.zero_()
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+            want = {}
+            for n in params:
+                twin[n] = alg.update_moments(grads[n], twin[n], 0.9, 0.9)
+                m, v = twin[n]
+                u = mean_over_ranks({n: np.clip(m / (v + 1e-8), -1, 1)})[n]
+                s = world.allreduce(float(v.mean()), op=MPI.SUM) / world.size
+                want[n] = u if adam else u * s
+            applied = {n: (opt.state[p]["exp_avg"] if adam else p.grad).double().numpy().ravel()
+                       for n, p in params.items()}
+            if i not in ASIDE_COMPRESSED and not (adam and i == 0):  # Adam's first: no state
+                row["step_gap"] = max(float(abs(applied[n] - want[n]).max()
+                                            / (abs(want[n]).max() + 1e-12)) for n in params)
+            row["voted"] = comp.last_stats.compressed_elements
+            row["horovod_bytes"] = comp.last_stats.horovod_bytes
+        ours = moments_of(comp, params)
+        row["moment_gap"] = max(float(abs(a - b).max() / (abs(b).max() + 1e-12))
+                                for n in params for a, b in zip(ours[n], twin[n]))
+        row["identical"] = identical_across_ranks(model)
+        steps.append(row)
+    report(rank=hvd.rank(), steps=steps)
+
+
+{"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
+ "aside": aside}[mode]()

@@ -1,0 +1,71 @@
+"""How a method whose result is the optimizer's step itself steps aside where the compress-or-pass
+decision passes a tensor (``hvdcomp.decision``): BinSGDM.
+
+Passing a tensor usually means summing its gradient exactly. For a method whose result is the
+step (``Method.returns_step``: BinSGDM's normalised momentum vote) the exact sum of the gradient is
+not the step its optimizer expects, so such a method could not pass, and where the wire is fast
+it was slower than Horovod's own allreduce. A method that can step aside provides
+``exact_parts(work, state)``: from this rank's working gradient (flat) and its state, the
+*direction* ``u`` (like ``work``) whose mean over the ranks is the expectation of its compressed
+result, a float *scale* ``s`` (finite exactly where ``work`` is), and its new state (staged, or
+held until the result is known to be finite). BinSGDM's ``u`` is ``clip(m / v)`` of the rank's
+updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of ``v``.
+
+What is sent: the *message* ``[u, s, 1]`` (``numel + 2`` elements, float32), summed exactly, by
+Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
+torch optimizers other than Adam, one batch per step, unscaled gradients), overlapping the
+backward pass as Horovod's allreduce of the gradient does; else by the step engine's float ring
+(``hvdcomp.engine``). From the reduced message ``r`` (the mean times Horovod's op factor ``f``,
+which the constant 1 carries) the step is ``r[:n]`` (``f`` times the mean direction) under Adam
+(``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it) or for a direct
+allreduce, and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
+scale) under SGD: exactly the expectation of the compressed step, without its variance, the
+same on every rank since every rank reduces the same message.
+
+The state is the method's own, per rank, exactly as in its compressed steps (BinSGDM's moments
+are the rank's own either way), so a tensor that switches between compressed and passed steps
+loses nothing and needs no carry. Through Horovod, the new state is held until ``decompress``
+sees the result: it is committed where ``r[n]`` is finite (no rank's gradient was NaN/Inf) and
+the step was not skipped, and dropped otherwise, the same on every rank. On a step that hvdcomp
+does not agree on (``hvdcomp.engine.QuietSteps``, NaN propagated), a tensor with a non-finite
+gradient on some rank thus keeps its state on every rank while the others' advance, where an
+agreed step under ``on_nonfinite='propagate'`` keeps every tensor's state.
+"""
+import math
+
+import numpy as np
+
+from hvdcomp.backend import xp
+
+
+def applies(method):
+    """Whether ``method`` (a method, or the engine's wrapper of it) steps aside this way."""
+    return getattr(method, "exact_parts", None) is not None
+
+
+def message(method, work, state):
+    """``([u, s, 1]`` like ``work`` (numel + 2), the new state) of ``work`` (the rank's flat
+    working gradient) and its state (``exact_parts``)."""
+    u, s, new_state = method.exact_parts(work, state)
+    tail = xp.from_host(np.asarray([s, 1.0], dtype=np.float32), work)
+    return xp.concat([u, tail], like=u), new_state
+
+
+def under_sgd(entry):
+    """Whether ``entry``'s step is applied by plain SGD (an optimizer's gradient, not under the
+    user's Adam), which takes the direction times the mean scale."""
+    return entry.adam is None and entry.gradient
+
+
+def step(reduced, entry):
+    """The step of ``entry`` (``hvdcomp.engine.Entry``; flat, like ``reduced``) from its reduced
+    message ``reduced``."""
+    direction = reduced[:entry.numel]
+    if not under_sgd(entry):
+        return direction
+    return direction * (float(reduced[entry.numel]) / float(reduced[entry.numel + 1]))
+
+
+def finite(reduced, numel):
+    """Whether every rank's gradient behind the reduced message was finite (its scale is)."""
+    return math.isfinite(float(reduced[numel]))
