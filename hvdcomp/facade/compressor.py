@@ -325,8 +325,9 @@ def horovod_sums(runtime, tensor, adapter, ident):
     ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that a
     compressor's ``runtime`` (``hvdcomp.facade.runtime``) sends uncompressed this step (the
     compress-or-pass decision passes it, and it holds no error-feedback memory to carry on any
-    rank (``hvdcomp.feedback.pending``; the step engine carries it); no preconditioner, one
-    batch per step) and whose Horovod call reduces by mean or sum
+    rank (``hvdcomp.feedback.pending``; the step engine carries it), or, for a method that steps
+    aside (``hvdcomp.stepaside``), Horovod may sum its message instead (``_message_summable``);
+    no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
     (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
