@@ -135,17 +135,26 @@ class BinSGDM(Method):
             self.hierarchy = Hierarchy(ctx, self.ranks_per_node, self.uneven)
         return self.hierarchy
 
-    def exact_parts(self, work, state):
-        """Where the decision passes a tensor (``hvdcomp.stepaside``): ``(u, s, (m, v))``, the
-        direction ``u = clip(m / v)`` of this rank's updated moments, of which the votes are
-        unbiased draws (so the mean over ranks of ``u`` is the expectation of the mean vote),
-        the scale ``s = mean(v)`` (``normaliser_mean``: the step's scale under SGD) and the new
-        moments, as its compressed step would update them."""
+    def exact_parts(self, work, key, store, out):
+        """Where the decision passes a tensor (``hvdcomp.stepaside``): writes into ``out`` the
+        direction ``u = clip(m / v)`` of this rank's moments of tensor ``key`` (in ``store``)
+        updated by ``work``, of which the votes are unbiased draws (so the mean over ranks of
+        ``u`` is the expectation of the mean vote); returns the scale ``s = mean(v)``
+        (``normaliser_mean``: the step's scale under SGD) and the new moments, as its compressed
+        step would update them (one fused pass on host arrays, ``FusedPath``)."""
         b1, b2 = self.betas_in_use
-        m, v = alg.update_moments(work, state, b1, b2)
-        n = max(int(v.shape[0]), 1)
-        s = float(v.sum()) / n if xp.is_torch(v) else float(np.sum(v, dtype=np.float64)) / n
-        return alg.direction(m, v, self.eps), s, (m, v)
+        if kernels.active(work, out):
+            from hvdcomp.kernels import votes as kv
+            m, v = store.get(key) or (None, None)
+            moments = tuple(store.spare(key, work, part) for part in (0, 1))
+            kv.moments_direction(work, m, v, *_constants(work, (b1, b2), self.eps), *moments,
+                                 out)
+        else:
+            moments = alg.update_moments(work, store.get(key, like=work), b1, b2)
+            out[...] = alg.direction(*moments, self.eps)
+        v, n = moments[1], max(int(work.shape[0]), 1)
+        return (float(v.sum()) if xp.is_torch(v) else float(np.sum(v, dtype=np.float64))) / n, \
+            moments
 
     def prepare(self, batch):
         return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])
@@ -245,6 +254,13 @@ PROBABILITIES = "#p"  # the store's scratch key of the vote probabilities of a b
 VOTES = "#votes"  # the store's scratch key of a batch's votes (with the batch index)
 
 
+def _constants(like, betas, eps):
+    """The kernels' constants ``b1, 1 - b1, b2, 1 - b2, eps`` in ``like``'s float dtype (the
+    reference's: each rounded from the Python float)."""
+    dtype = like.dtype.type
+    return [dtype(c) for c in (betas[0], 1 - betas[0], betas[1], 1 - betas[1], eps)]
+
+
 def _words32(key):
     """The random stream's two words for ``key`` as the kernels take them (uint32)."""
     return [np.uint32(w) for w in stochastic.words(key)]
@@ -258,7 +274,7 @@ class FusedPath:
     def votes(batch, betas, eps, key):
         from hvdcomp.kernels import votes as kv
         dtype = batch.entries[0].work.dtype.type
-        consts = [dtype(c) for c in (betas[0], 1 - betas[0], betas[1], 1 - betas[1], eps)]
+        consts = _constants(batch.entries[0].work, betas, eps)
         words = _words32(key)
         out = batch.store.scratch_bytes(f"{VOTES}{batch.index}",
                                         sum(e.numel for e in batch.entries)).view(np.int8)

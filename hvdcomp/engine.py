@@ -507,8 +507,7 @@ def send_messages(engine, passed):
     list, possibly empty)."""
     live = [e for e in passed if e.status == checks.OK]
     for e in live:
-        e.work, new_state = stepaside.message(engine.method, e.work,
-                                              engine.store.get(e.key, like=e.work))
+        e.work, new_state = stepaside.message(engine.method, e.work, e.key, engine.store)
         engine.store.put(e.key, new_state)
     return live
 

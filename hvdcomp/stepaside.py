@@ -5,10 +5,11 @@ Passing a tensor usually means summing its gradient exactly. For a method whose 
 step (``Method.returns_step``: BinSGDM's normalised momentum vote) the exact sum of the gradient is
 not the step its optimizer expects, so such a method could not pass, and where the wire is fast
 it was slower than Horovod's own allreduce. A method that can step aside provides
-``exact_parts(work, state)``: from this rank's working gradient (flat) and its state, the
-*direction* ``u`` (like ``work``) whose mean over the ranks is the expectation of its compressed
-result, a float *scale* ``s`` (finite exactly where ``work`` is), and its new state (staged, or
-held until the result is known to be finite). BinSGDM's ``u`` is ``clip(m / v)`` of the rank's
+``exact_parts(work, key, store, out)``: from this rank's working gradient (flat) of tensor ``key``
+and its state in ``store``, it writes into ``out`` (like ``work``) the *direction* ``u`` whose
+mean over the ranks is the expectation of its compressed result, and returns a float *scale*
+``s`` (finite exactly where ``work`` is) and its new state (which the caller stages, or holds
+until the result is known to be finite). BinSGDM's ``u`` is ``clip(m / v)`` of the rank's
 updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of ``v``.
 
 What is sent: the *message* ``[u, s, 1]`` (``numel + 2`` elements, float32), summed exactly, by
@@ -33,8 +34,6 @@ agreed step under ``on_nonfinite='propagate'`` keeps every tensor's state.
 """
 import math
 
-import numpy as np
-
 from hvdcomp.backend import xp
 
 
@@ -43,12 +42,14 @@ def applies(method):
     return getattr(method, "exact_parts", None) is not None
 
 
-def message(method, work, state):
+def message(method, work, key, store):
     """``([u, s, 1]`` like ``work`` (numel + 2), the new state) of ``work`` (the rank's flat
-    working gradient) and its state (``exact_parts``)."""
-    u, s, new_state = method.exact_parts(work, state)
-    tail = xp.from_host(np.asarray([s, 1.0], dtype=np.float32), work)
-    return xp.concat([u, tail], like=u), new_state
+    working gradient of tensor ``key``) and its state in ``store`` (``exact_parts``)."""
+    n = work.shape[0]
+    sent = xp.empty_like(work, n + 2)
+    s, new_state = method.exact_parts(work, key, store, sent[:n])
+    sent[n], sent[n + 1] = s, 1.0
+    return sent, new_state
 
 
 def under_sgd(entry):

@@ -227,6 +227,23 @@ def test_binsgdm_moments_and_votes_match_the_reference(n, first):
         assert (got[:off] == 7).all()
 
 
+@pytest.mark.parametrize("n", [1, 9, 100_003])
+@pytest.mark.parametrize("first", [True, False])
+def test_binsgdm_moments_and_direction_match_the_reference(n, first):
+    """``votes.moments_direction`` (BinSGDM's step aside) = update_moments + direction, bit for
+    bit."""
+    from hvdcomp.algorithms import binsgdm as bs
+    from hvdcomp.kernels import votes as kv
+    g, _ = _vectors(n, np.float32, 6)
+    state = None if first else (g[::-1].copy() * 0.5, np.abs(g) + np.float32(0.1))
+    b1, b2, eps = 0.5, 0.99, 1e-8
+    m, v = bs.update_moments(g, state, b1, b2)
+    c = [np.float32(x) for x in (b1, 1 - b1, b2, 1 - b2, eps)]
+    m_out, v_out, u_out = np.empty_like(g), np.empty_like(g), np.empty_like(g)
+    kv.moments_direction(g, *(state or (None, None)), *c, m_out, v_out, u_out)
+    assert _same(m_out, m) and _same(v_out, v) and _same(u_out, bs.direction(m, v, eps))
+
+
 @pytest.mark.parametrize("node_size,nodes", [(1, 2), (2, 2), (3, 4)])
 def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes):
     from hvdcomp.algorithms import binsgdm as bs

@@ -168,10 +168,14 @@ def zeros_like(x):
     return out
 
 
-def empty_like(x):
+def empty_like(x, n=None):
+    """An uninitialised array like ``x`` (kind, dtype, device), of ``x``'s shape or ``n``
+    elements."""
     if is_torch(x):
-        return _torch().empty_like(x)
-    return np.empty_like(x)
+        torch = _torch()
+        return torch.empty_like(x) if n is None else torch.empty(n, dtype=x.dtype,
+                                                                 device=x.device)
+    return np.empty_like(x) if n is None else np.empty(n, dtype=x.dtype)
 
 
 def spread(values, indices, out):

@@ -49,8 +49,8 @@ class Runtime:
         method steps aside (``hvdcomp.stepaside``): its message; the new state is held until
         ``stepped`` sees the result."""
         work = entry.adapter.working(tensor, "float32")
-        sent, self.held[entry.key] = stepaside.message(
-            self.algorithm, work, self.store.get(entry.key, like=work))
+        sent, self.held[entry.key] = stepaside.message(self.algorithm, work, entry.key,
+                                                       self.store)
         return entry.adapter.restore(sent, sent.shape, tensor.dtype, tensor.device)
 
     def stepped(self, entry, output, fill):

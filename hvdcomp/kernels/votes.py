@@ -1,5 +1,5 @@
 """Fused BinSGDM kernels (numba) on host arrays: the moments, the direction and the stochastic
-vote in one pass; the inter-node re-binarisation packed as it is drawn; the nodes' vote totals
+vote in one pass (the moments and the direction alone, for its step aside); the inter-node re-binarisation packed as it is drawn; the nodes' vote totals
 from their packed bits; the mean vote.
 
 Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.algorithms.binsgdm`` bit
@@ -91,6 +91,35 @@ def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out
             vts[i] = np.int8(1) if d < pb[i] * _SCALE else np.int8(-1)
 
 
+@numba.njit(**_JIT)
+def moments_direction(g, m, v, b1, omb1, b2, omb2, eps, m_out, v_out, u_out):
+    """BinSGDM's step aside (``hvdcomp.stepaside``) for one tensor: ``m_out, v_out`` = the new
+    moments (``m``, ``v`` None: the first step) and ``u_out = clip(m / (v + eps), -1, 1)``, the
+    reference's float operations (``moments_votes``' without the draws)."""
+    one = g.dtype.type(1.0)
+    n = g.shape[0]
+    if m is None:
+        for i in range(n):
+            gi = g[i]
+            mi = gi * one
+            vi = abs(gi)
+            m_out[i] = mi
+            v_out[i] = vi
+            u = mi / (vi + eps)
+            u = one if u > one else u
+            u_out[i] = -one if u < -one else u
+    else:
+        for i in range(n):
+            gi = g[i]
+            mi = m[i] * b1 + gi * omb1
+            vi = v[i] * b2 + abs(gi) * omb2
+            m_out[i] = mi
+            v_out[i] = vi
+            u = mi / (vi + eps)
+            u = one if u > one else u
+            u_out[i] = -one if u < -one else u
+
+
 def rebinarise_thresholds(node_size):
     """For each node sum s in [-L, L] (index s + L): the least 24-bit draw that votes -1,
     ``ceil(p * 2**24)`` with ``p = (s + L) / (2 L)`` in float64 as the reference computes it, so
@@ -144,6 +173,7 @@ def warm(dtype):
     c = dtype(0.5)
     for m in (None, g):
         moments_votes(g, m, m, c, c, c, c, c, w, w, 0, g.copy(), g.copy(), g.copy(), votes)
+        moments_direction(g, m, m, c, c, c, c, c, g.copy(), g.copy(), g.copy())
     rebinarise_packed(votes, 2, rebinarise_thresholds(2), w, w, np.zeros(2, np.uint8))
     node_totals(np.zeros((2, 2), np.uint8), 16, 2, votes)
     mean_vote(votes, 2, np.zeros(16, np.float32))
