@@ -60,11 +60,11 @@ def under_sgd(entry):
 
 def step(reduced, entry):
     """The step of ``entry`` (``hvdcomp.engine.Entry``; flat, like ``reduced``) from its reduced
-    message ``reduced``."""
+    message ``reduced``: a view of it, scaled in place under SGD."""
     direction = reduced[:entry.numel]
-    if not under_sgd(entry):
-        return direction
-    return direction * (float(reduced[entry.numel]) / float(reduced[entry.numel + 1]))
+    if under_sgd(entry):
+        direction *= float(reduced[entry.numel]) / float(reduced[entry.numel + 1])
+    return direction
 
 
 def finite(reduced, numel):

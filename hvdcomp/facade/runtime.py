@@ -60,13 +60,11 @@ class Runtime:
         new_state = self.held.pop(entry.key)
         reduced = entry.adapter.working(output, "float32")
         if fill is not None:
-            flat = np.full(entry.numel, fill, dtype=np.float32)
-        else:
-            flat = stepaside.step(reduced, entry)
-            if stepaside.finite(reduced, entry.numel):
-                self.store.put(entry.key, new_state)
-                self.store.commit()
-        return entry.restore(flat)
+            return entry.restore(np.full(entry.numel, fill, dtype=np.float32))
+        if stepaside.finite(reduced, entry.numel):
+            self.store.put(entry.key, new_state)
+            self.store.commit()
+        return entry.restore(stepaside.step(reduced, entry))
 
     def returns_step(self):
         """The setting whose result is the step itself (``checks.inner_optimizer``), or None:
