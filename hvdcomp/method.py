@@ -47,7 +47,9 @@ class Method:
     - ``under_adam``: what it does under the user's Adam without ``precondition=``
       (``hvdcomp.preconditioning.make``);
     - ``returns_step``: the method's name where its result is the optimizer's step itself (an
-      exact sum of its input is then not what the optimizer expects: no passing), else None;
+      exact sum of its input is then not what the optimizer expects), else None; such a method
+      passes only if it can step aside, providing ``exact_parts(work, key, store, out)``
+      (``hvdcomp.stepaside``: BinSGDM);
     - ``refused``: common settings it cannot take, and ``refusal``, why; ``fixed``: common
       settings it sets itself (e.g. ``min_compress_numel=0``).
     """
