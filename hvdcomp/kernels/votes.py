@@ -43,12 +43,36 @@ PROBABILITY_BLOCK = 16384  # elements per block of moments_votes (their probabil
 
 
 @numba.njit(inline="always", **_JIT)
-def _probability(mi, vi, eps, one, half):
-    """``p = (clip(m / (v + eps), -1, 1) + 1) / 2``, the reference's float operations."""
+def _moments(gi, m, v, i, b1, omb1, b2, omb2, one):
+    """Element ``i``'s new ``(m, v)`` from its gradient ``gi`` (``m``, ``v`` None: the first
+    step, ``g`` and ``|g|``), the reference's float operations."""
+    if m is None:
+        return gi * one, abs(gi)
+    return m[i] * b1 + gi * omb1, v[i] * b2 + abs(gi) * omb2
+
+
+@numba.njit(inline="always", **_JIT)
+def _direction(mi, vi, eps, one):
+    """``u = clip(m / (v + eps), -1, 1)``, the reference's float operations."""
     u = mi / (vi + eps)
     u = one if u > one else u
-    u = -one if u < -one else u
-    return (u + one) * half
+    return -one if u < -one else u
+
+
+@numba.njit(inline="always", **_JIT)
+def _probability(mi, vi, eps, one, half):
+    """``p = (clip(m / (v + eps), -1, 1) + 1) / 2``, the reference's float operations."""
+    return (_direction(mi, vi, eps, one) + one) * half
+
+
+@numba.njit(inline="always", **_JIT)
+def _moments_probabilities(g, m, v, b1, omb1, b2, omb2, eps, one, half, m_out, v_out, p):
+    """The new moments of a block and its vote probabilities (one loop LLVM vectorises)."""
+    for i in range(g.shape[0]):
+        mi, vi = _moments(g[i], m, v, i, b1, omb1, b2, omb2, one)
+        m_out[i] = mi
+        v_out[i] = vi
+        p[i] = _probability(mi, vi, eps, one, half)
 
 
 @numba.njit(**_JIT)
@@ -69,22 +93,10 @@ def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out
         k = min(block, n - lo)
         gb, mo, vo, pb = g[lo:lo + k], m_out[lo:lo + k], v_out[lo:lo + k], p[:k]
         if m is None:
-            for i in range(k):
-                gi = gb[i]
-                mi = gi * one
-                vi = abs(gi)
-                mo[i] = mi
-                vo[i] = vi
-                pb[i] = _probability(mi, vi, eps, one, half)
+            _moments_probabilities(gb, None, None, b1, omb1, b2, omb2, eps, one, half, mo, vo, pb)
         else:
-            mb, vb = m[lo:lo + k], v[lo:lo + k]
-            for i in range(k):
-                gi = gb[i]
-                mi = mb[i] * b1 + gi * omb1
-                vi = vb[i] * b2 + abs(gi) * omb2
-                mo[i] = mi
-                vo[i] = vi
-                pb[i] = _probability(mi, vi, eps, one, half)
+            _moments_probabilities(gb, m[lo:lo + k], v[lo:lo + k], b1, omb1, b2, omb2, eps, one,
+                                   half, mo, vo, pb)
         vts = votes[offset + lo:offset + lo + k]
         for i in range(k):
             d = np.float32(_draw(offset + lo + i, w0, w1))
@@ -97,27 +109,11 @@ def moments_direction(g, m, v, b1, omb1, b2, omb2, eps, m_out, v_out, u_out):
     moments (``m``, ``v`` None: the first step) and ``u_out = clip(m / (v + eps), -1, 1)``, the
     reference's float operations (``moments_votes``' without the draws)."""
     one = g.dtype.type(1.0)
-    n = g.shape[0]
-    if m is None:
-        for i in range(n):
-            gi = g[i]
-            mi = gi * one
-            vi = abs(gi)
-            m_out[i] = mi
-            v_out[i] = vi
-            u = mi / (vi + eps)
-            u = one if u > one else u
-            u_out[i] = -one if u < -one else u
-    else:
-        for i in range(n):
-            gi = g[i]
-            mi = m[i] * b1 + gi * omb1
-            vi = v[i] * b2 + abs(gi) * omb2
-            m_out[i] = mi
-            v_out[i] = vi
-            u = mi / (vi + eps)
-            u = one if u > one else u
-            u_out[i] = -one if u < -one else u
+    for i in range(g.shape[0]):
+        mi, vi = _moments(g[i], m, v, i, b1, omb1, b2, omb2, one)
+        m_out[i] = mi
+        v_out[i] = vi
+        u_out[i] = _direction(mi, vi, eps, one)
 
 
 def rebinarise_thresholds(node_size):
