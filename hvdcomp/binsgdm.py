@@ -2,8 +2,10 @@
 (math in ``hvdcomp.algorithms.binsgdm``, stages in ``hvdcomp.comm.hierarchy``).
 
 The compressor carries the momentum. ``decompress`` returns the mean over ranks of the ±1 votes
-(values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node) scaled for the user's
-optimizer, so the user keeps their optimizer and its learning rate:
+(values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node; for a tensor the
+compress-or-pass decision passes, which its default 'measure' does first, their expectation:
+"steps aside" below) scaled for the user's optimizer, so the user keeps their optimizer and its
+learning rate:
 
 - plain SGD without momentum: the mean vote times ``s``, the ranks' mean of the tensor's mean
   normaliser ``v`` (the running mean of |g|; one float per tensor rides the scalars' all-gather),

@@ -66,8 +66,8 @@ Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: 
 compresses; for benchmarks and tests), ``'pass'`` (always the last). Where the result is the
 optimizer's step itself, an exact sum of the input is not what the optimizer expects: BinSGDM
 then steps aside instead (``hvdcomp.stepaside``: each rank sends the direction its votes draw
-from), and ``precondition='adam'`` always compresses. A tensor that switches to passed loses nothing: the
-error-feedback memory it holds is added to what it sends in its first passed step
+from), and ``precondition='adam'`` always compresses. A tensor that switches to passed loses
+nothing: the error-feedback memory it holds is added to what it sends in its first passed step
 (``hvdcomp.feedback.carry``). The state (``state()``/``load()``) is in the compressor's
 checkpoints, so a resume holds the same threshold.
 """

@@ -5,7 +5,8 @@
 1. classify: each tensor goes ``dense`` (summed uncompressed: unsupported dtype, passed by the
    compress-or-pass decision (``hvdcomp.decision``: fewer than ``min_compress_numel`` elements
    always), or a preconditioner's warm-up; an entry ``by_horovod`` was
-   summed by Horovod's own allreduce and only takes part in the checks) or compressed, decided from
+   summed by Horovod's own allreduce, or its message (``hvdcomp.stepaside``), and only takes
+   part in the checks) or compressed, decided from
    what every rank must agree on (step 2 checks it), before the finite check, so a NaN on
    one rank cannot change the split; then each tensor's status (``checks.OK``/``NONFINITE``/
    ``UNSUPPORTED``) and whether it is all zeros (``Entry.zero``);
@@ -123,8 +124,9 @@ class Ticket:
 
 class HorovodSum(NamedTuple):
     """The result of an entry that Horovod's own allreduce sums (``Entry.by_horovod``):
-    ``decompress`` returns Horovod's output as it is (``fill`` None), or ``fill`` in every
-    element (a skipped step: 0.0, or NaN for a non-finite tensor under 'propagate')."""
+    ``decompress`` returns Horovod's output as it is, or the step formed from it
+    (``hvdcomp.stepaside``) (``fill`` None), or ``fill`` in every element (a skipped step: 0.0,
+    or NaN for a non-finite tensor under 'propagate')."""
     fill: Optional[float] = None
 
 
@@ -137,10 +139,11 @@ class Entry:
     data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
     entry ``by_horovod``); the preconditioner may replace it by what it sends.
     ``by_horovod``: Horovod's own allreduce sums this tensor (``compress`` handed it to Horovod
-    as it is, see ``hvdcomp.facade.horovod_sums``); hvdcomp holds it to the batch's agreement
-    and finiteness verdict only: its status is set here, from the tensor as compress() saw it
-    (the adapter's ``all_finite``; with ``defer``, where the step is expected to be quiet, only
-    if it turns out not to be: ``status_now``), and its result is a ``HorovodSum``.
+    as it is, or its message, see ``hvdcomp.facade.horovod_sums``); hvdcomp holds it to the
+    batch's agreement and finiteness verdict only: its status is set here, from the tensor as
+    compress() saw it (the adapter's ``all_finite``; with ``defer``, where the step is expected
+    to be quiet, only if it turns out not to be: ``status_now``), and its result is a
+    ``HorovodSum``.
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.

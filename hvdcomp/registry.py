@@ -157,7 +157,8 @@ class Expect:
     - ``min_ratio``: on the 4-rank digits test (tests/test_training.py), bytes sent at least this
       many times fewer than an fp32 ring all-reduce; None: the method is trained by its own test.
     - ``small_exact``: tensors under ``min_compress_numel`` are summed exactly in fp32 and keep
-      no state (False: every tensor goes through the method, e.g. BinSGDM votes on biases).
+      no state (False: every tensor goes through the method, e.g. BinSGDM's biases are voted
+      on, or step aside, like its other tensors).
     - ``test_kwargs``: constructor arguments for the tests' tensors of a few thousand elements.
     - ``invalid``: ``(argument, value)`` pairs the constructor refuses with a ValueError naming
       the argument.

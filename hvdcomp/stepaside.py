@@ -12,7 +12,8 @@ mean over the ranks is the expectation of its compressed result, and returns a f
 until the result is known to be finite). BinSGDM's ``u`` is ``clip(m / v)`` of the rank's
 updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of ``v``.
 
-What is sent: the *message* ``[u, s, 1]`` (``numel + 2`` elements, float32), summed exactly, by
+What is sent: the *message* ``[u, s, 1, z]`` (``numel + 3`` elements, float32, or the gradient's
+float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros), summed exactly, by
 Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
 torch optimizers other than Adam, one batch per step, unscaled gradients), overlapping the
 backward pass as Horovod's allreduce of the gradient does; else by the step engine's float ring
@@ -21,13 +22,17 @@ which the constant 1 carries) the step is ``r[:n]`` (``f`` times the mean direct
 (``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it) or for a direct
 allreduce, and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
 scale) under SGD: exactly the expectation of the compressed step, without its variance, the
-same on every rank since every rank reduces the same message.
+same on every rank since every rank reduces the same message. Where ``r[n + 2] == r[n + 1]`` the
+gradient was all zeros on every rank (Horovod's zero fill of a gradient nobody computed): the
+step is zero and the state waits, as the step engine does for such an *absent* tensor.
 
 The state is the method's own, per rank, exactly as in its compressed steps (BinSGDM's moments
 are the rank's own either way), so a tensor that switches between compressed and passed steps
 loses nothing and needs no carry. Through Horovod, the new state is held until ``decompress``
-sees the result: it is committed where ``r[n]`` is finite (no rank's gradient was NaN/Inf) and
-the step was not skipped, and dropped otherwise, the same on every rank. On a step that hvdcomp
+sees the result: it is committed where ``r[n]`` is finite (no rank's gradient was NaN/Inf), the
+tensor was not absent and the step was not skipped, and dropped otherwise, the same on every
+rank; each tensor's as its result is handed back (a step that raises between two of them keeps
+the earlier ones'), where the step engine commits a step's state at once. On a step that hvdcomp
 does not agree on (``hvdcomp.engine.QuietSteps``, NaN propagated), a tensor with a non-finite
 gradient on some rank thus keeps its state on every rank while the others' advance, where an
 agreed step under ``on_nonfinite='propagate'`` keeps every tensor's state.
@@ -43,12 +48,13 @@ def applies(method):
 
 
 def message(method, work, key, store):
-    """``([u, s, 1]`` like ``work`` (numel + 2), the new state) of ``work`` (the rank's flat
+    """``([u, s, 1, z]`` like ``work`` (numel + 3), the new state) of ``work`` (the rank's flat
     working gradient of tensor ``key``) and its state in ``store`` (``exact_parts``)."""
     n = work.shape[0]
-    sent = xp.empty_like(work, n + 2)
+    sent = xp.empty_like(work, n + 3)
     s, new_state = method.exact_parts(work, key, store, sent[:n])
-    sent[n], sent[n + 1] = s, 1.0
+    zero = n == 0 or (float(work[0]) == 0.0 and not bool(work.any()))
+    sent[n], sent[n + 1], sent[n + 2] = s, 1.0, float(zero)
     return sent, new_state
 
 
@@ -70,3 +76,8 @@ def step(reduced, entry):
 def finite(reduced, numel):
     """Whether every rank's gradient behind the reduced message was finite (its scale is)."""
     return math.isfinite(float(reduced[numel]))
+
+
+def absent(reduced, numel):
+    """Whether the gradient behind the reduced message was all zeros on every rank."""
+    return float(reduced[numel + 2]) == float(reduced[numel + 1])

@@ -260,7 +260,8 @@ def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_s
     a passed step is the mean over ranks of each rank's ``clip(m / v)`` (times the ranks' mean
     ``mean(v)`` under SGD; under AdamW the first moment Adam is left with), Horovod's own
     allreduce carrying it under SGD; the moments are each rank's own, of its own gradients,
-    through voted steps and back; a NaN on one rank leaves them unchanged on every rank; the
+    through voted steps and back; a NaN on one rank leaves them unchanged on every rank; a
+    parameter that gets no gradient (Horovod's zero fill) gets a zero step and no state; the
     parameters stay bit-identical."""
     res = results(run(4, "decision.py", optimizer, lr, "aside", timeout=240))
     assert sorted(res) == list(range(4))
@@ -268,6 +269,9 @@ def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_s
         for row in r["steps"]:
             assert row["identical"], row
             assert row["moment_gap"] <= 1e-5, row  # float32 against the float64 twin
+            assert row["unused_state"] == [], row  # absent: no state, as the engine does
+            if optimizer == "sgd":
+                assert row["unused_moved"] == 0.0, row  # and a zero step
             if row["step"] == 3:  # ASIDE_NAN
                 assert row["all_nan"], row
                 continue

@@ -5,7 +5,8 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
 1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
    returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
    place of the gradient; a small tensor from a torch optimizer it returns as it is, for
-   Horovod's own allreduce to sum (``horovod_sums``).
+   Horovod's own allreduce to sum (``horovod_sums``; for a method that steps aside, its message
+   instead, ``hvdcomp.stepaside``).
    No MPI happens here, so it is safe in autograd hooks.
 2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
    last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,
@@ -154,7 +155,8 @@ class BatchedCompressor:
     @default_instance
     def compress(self, tensor):
         """Record ``tensor`` for this step's batch in its process set's runtime; return
-        (placeholder, or the tensor itself where Horovod sums it (``horovod_sums``), ctx)."""
+        (placeholder, or the tensor itself where Horovod sums it (``horovod_sums``; a method
+        that steps aside: its message), ctx)."""
         adapter = adapter_for(tensor)
         ident = adapter.tensor_identity(tensor, self.method)  # or UnnamedTensorError
         with self._lock:
@@ -176,11 +178,11 @@ class BatchedCompressor:
                 raise _compressed_twice(self, key)
             entry = rt.engine.entry(key, tensor, adapter,
                                     horovod_sums(rt, tensor, adapter, ident), ident)
+            sent = (rt.message(entry, tensor) if rt.engine.aside else tensor) \
+                if entry.by_horovod else _placeholder(adapter, tensor)
             rt.pending[key] = entry
             rt.driver.arrived(entry)
-            if entry.by_horovod:
-                return (rt.message(entry, tensor) if rt.engine.aside else tensor), entry.ticket
-        return _placeholder(adapter, tensor), entry.ticket
+        return sent, entry.ticket
 
     @default_instance
     def decompress(self, output, ctx):

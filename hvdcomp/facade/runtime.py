@@ -24,7 +24,8 @@ class Runtime:
     """``compressor``'s runtime for the process set of world ``ranks`` (a sorted tuple; None:
     every rank): ``algorithm`` (its copy of the method), ``preconditioner``, ``store``,
     ``decision``, ``engine``, ``driver``, ``pending`` (key -> ``Entry`` recorded by ``compress``
-    since the step's last flush) and ``ownership``."""
+    since the step's last flush), ``held`` (key -> the new state of a tensor whose message
+    Horovod sums, ``message``) and ``ownership``."""
 
     def __init__(self, compressor, ranks):
         c = compressor
@@ -48,6 +49,8 @@ class Runtime:
         """What Horovod sums in place of ``tensor`` (``entry``'s gradient, by Horovod) where the
         method steps aside (``hvdcomp.stepaside``): its message; the new state is held until
         ``stepped`` sees the result."""
+        if not self.pending and not self.engine.results:  # a new step: drop an abandoned one's
+            self.held.clear()
         work = entry.adapter.working(tensor, "float32")
         sent, self.held[entry.key] = stepaside.message(self.algorithm, work, entry.key,
                                                        self.store)
@@ -56,11 +59,12 @@ class Runtime:
     def stepped(self, entry, output, fill):
         """``entry``'s step (a tensor like its gradient) from Horovod's reduced message
         ``output`` (``message``), or ``fill`` in every element (a skipped step); the held state
-        is committed where every rank's gradient was finite and the step was not skipped."""
+        is committed where every rank's gradient was finite, the tensor not absent (zero on
+        every rank: a zero step) and the step not skipped."""
         new_state = self.held.pop(entry.key)
         reduced = entry.adapter.working(output, "float32")
-        if fill is not None:
-            return entry.restore(np.full(entry.numel, fill, dtype=np.float32))
+        if fill is not None or stepaside.absent(reduced, entry.numel):
+            return entry.restore(np.full(entry.numel, fill or 0.0, dtype=np.float32))
         if stepaside.finite(reduced, entry.numel):
             self.store.put(entry.key, new_state)
             self.store.commit()

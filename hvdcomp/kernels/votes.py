@@ -1,6 +1,7 @@
 """Fused BinSGDM kernels (numba) on host arrays: the moments, the direction and the stochastic
-vote in one pass (the moments and the direction alone, for its step aside); the inter-node re-binarisation packed as it is drawn; the nodes' vote totals
-from their packed bits; the mean vote.
+vote in one pass (the moments and the direction alone, for its step aside); the inter-node
+re-binarisation packed as it is drawn; the nodes' vote totals from their packed bits; the mean
+vote.
 
 Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.algorithms.binsgdm`` bit
 for bit: the same float32 operations in the same order (no fused multiply-add; numba contracts

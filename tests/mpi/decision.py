@@ -63,7 +63,8 @@ def local_gradients(model, i):
     twin = copy.deepcopy(model)
     xb, yb = batch(xtr, ytr, i, hvd.rank())
     torch.nn.functional.cross_entropy(twin(xb), yb).backward()
-    return {n: p.grad.double().numpy().ravel().copy() for n, p in twin.named_parameters()}
+    return {n: p.grad.double().numpy().ravel().copy() for n, p in twin.named_parameters()
+            if p.grad is not None}
 
 
 def mean_over_ranks(arrays):
@@ -246,6 +247,17 @@ def moments_of(comp, names):
     return out
 
 
+class WithUnused(torch.nn.Module):
+    """``inner`` beside a layer it never uses (whose gradient Horovod's optimizer zero-fills)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.unused = inner, torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
 def aside():
     """BinSGDM stepping aside (hvdcomp.stepaside) under the stock DistributedOptimizer: SGD
     (lr ``lr``, no momentum) or, with name 'adamw', AdamW. Steps ``ASIDE_COMPRESSED`` are
@@ -257,19 +269,23 @@ def aside():
     after the step, which ``ThroughAdam`` makes the step) and the mean over ranks of the twins'
     ``clip(m / v)`` (times the mean over ranks of ``mean(v)`` under SGD), whether Horovod's
     allreduce carried the message (``horovod_bytes``) and whether nothing was voted; at the NaN
-    step, whether every applied value is NaN; and whether the parameters are identical."""
+    step, whether every applied value is NaN; whether the parameters are identical; and for a
+    layer the model never uses (its gradient Horovod's zero fill), whether BinSGDM holds state
+    for it and how far it moved."""
     import hvdcomp
     from hvdcomp.algorithms import binsgdm as alg
     comp = hvdcomp.BinSGDM(decision="compress")
     torch.manual_seed(0)
-    model = make_model()
+    model = WithUnused(make_model())
+    unused = [n for n, _ in model.named_parameters() if n.startswith("unused")]
     adam = name == "adamw"
     inner = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01) if adam
              else torch.optim.SGD(model.parameters(), lr=lr))
     opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                    compression=comp)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if n not in unused}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n in unused}
     twin = {n: None for n in params}
     steps = []
     for i in range(ASIDE_STEPS):
@@ -304,7 +320,10 @@ def aside():
                                             / (abs(want[n]).max() + 1e-12)) for n in params)
             row["voted"] = comp.last_stats.compressed_elements
             row["horovod_bytes"] = comp.last_stats.horovod_bytes
-        ours = moments_of(comp, params)
+        ours = moments_of(comp, list(params) + unused)
+        row["unused_state"] = [n for n in unused if ours[n] is not None]
+        row["unused_moved"] = max(float(abs(p.detach() - before[n]).max())
+                                  for n, p in model.named_parameters() if n in unused)
         row["moment_gap"] = max(float(abs(a - b).max() / (abs(b).max() + 1e-12))
                                 for n in params for a, b in zip(ours[n], twin[n]))
         row["identical"] = identical_across_ranks(model)
