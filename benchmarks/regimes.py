@@ -23,9 +23,14 @@ All are built at once (same seed) and warmed up: hvdcomp's until its decision ho
 (at most ``--max-warmup`` steps; the steps and seconds it took are reported), the others
 ``--warmup`` steps. Then ``--rounds`` rounds, each timing ``--steps`` steps of every
 configuration in turn (so slow drifts of a shared machine hit all alike); a step is the slowest
-rank's seconds after a barrier. ``--sequential``: one configuration at a time (built, warmed up,
-timed, freed), for models whose configurations do not fit in memory together (gpt with
-AdamW). Also measured: Horovod's fp32 allreduce of a tensor of the model's size (median of 3),
+rank's seconds after a barrier. ``--sequential``: one configuration at a time, for models whose
+configurations do not fit in memory together (gpt with AdamW): the ceiling is built once and
+kept, and each other configuration is built, warmed up, timed in rounds interleaved with the
+ceiling's, and freed. Each then carries the ceiling timed beside it (``ceiling_rounds``,
+``ceiling_seconds``: its fraction of the ceiling is taken from its own pair, round by round), so a
+drift of the machine between configurations, which one shared ceiling taken first does not see
+(gpt's 8-second CPU steps drifted by 1.2-1.8x), cancels; the ratios between configurations are
+ratios of those fractions. Also measured: Horovod's fp32 allreduce of a tensor of the model's size (median of 3),
 so ``r = allreduce / ceiling step``. Rank 0 prints and appends one JSON object per configuration
 to ``--out``.
 """
@@ -217,18 +222,17 @@ def main():
     wire = allreduce_seconds(params, comm)
     del model
     methods = args.methods.split(",")
-    groups = [[m] for m in methods] if args.sequential else [methods]
-    done = []
-    for group in groups:
-        done += measure(args, comm, batch, [Config(args, m) for m in group])
+    done = (measure_paired(args, comm, batch, methods) if args.sequential
+            else measure(args, comm, batch, [Config(args, m) for m in methods]))
     if hvd.rank() == 0:
         write(args, done, params, tensors, wire)
 
 
-def measure(args, comm, batch, configs):
-    """Warm ``configs`` up and time their rounds (see the module docstring); returns them with
-    their figures, their models and optimizers dropped."""
-    for c in configs:
+def measure(args, comm, batch, configs, keep=None):
+    """Warm ``configs`` up (those not warmed up before) and time their rounds (see the module
+    docstring); returns them with their figures, their models and optimizers dropped (but
+    ``keep``'s)."""
+    for c in (c for c in configs if c.warmup is None):
         t0, n = time.perf_counter(), 0
         try:
             while n < args.warmup or (c.deciding() and n < args.max_warmup):
@@ -243,12 +247,31 @@ def measure(args, comm, batch, configs):
         for c in configs:
             c.rounds.append(statistics.median(c.timed_step(comm, batch)
                                               for _ in range(args.steps)))
-    for c in configs + failed:
+    for c in (c for c in configs + failed if c is not keep):
         d = getattr(c.comp, "decision", None)
         c.decided = None if d is None else {**d.as_dict(), "describe": d.describe()}
         c.model = c.opt = c.comp = None
     gc.collect()
     return failed + configs
+
+
+def measure_paired(args, comm, batch, methods):
+    """``--sequential``: the ceiling built once, every other configuration measured beside it
+    (``measure`` of the pair); each gets the ceiling's rounds of its pair as ``paired``. Returns
+    the ceiling (all its rounds) and the others."""
+    ceiling, done, every = Config(args, "ceiling"), [], []
+    others = [m for m in methods if m != "ceiling"]
+    if not others:
+        return measure(args, comm, batch, [ceiling])
+    for m in others:
+        ceiling.rounds = []
+        config = Config(args, m)
+        measure(args, comm, batch, [ceiling, config], keep=ceiling)
+        config.paired, every = ceiling.rounds, every + ceiling.rounds
+        done.append(config)
+    ceiling.rounds, ceiling.decided = every, None
+    ceiling.model = ceiling.opt = None
+    return [ceiling] + done
 
 
 def write(args, configs, params, tensors, wire):
@@ -264,16 +287,19 @@ def write(args, configs, params, tensors, wire):
                 fh.write(json.dumps({"model": args.model, "label": args.label,
                                      "method": c.method, "status": c.status}) + "\n")
     for c in configs:
-        d = c.decided
+        d, beside = c.decided, getattr(c, "paired", None)
+        own = statistics.median(beside) if beside else ceiling
         rec = {"model": args.model, "label": args.label, "status": "ok", "ranks": hvd.size(),
                "hosts": hvd.cross_size(), "params": params, "tensors": tensors,
                "batch": args.batch, "method": c.method, "seconds": statistics.median(c.rounds),
-               "rounds": c.rounds, "allreduce_seconds": wire, "ceiling_seconds": ceiling,
+               "rounds": c.rounds, "allreduce_seconds": wire, "ceiling_seconds": own,
+               **({"ceiling_rounds": beside} if beside else {}),
                "r": wire / ceiling, "warmup_steps": c.warmup[0], "warmup_seconds": c.warmup[1],
                "decision": d}
         print(f"{args.label:>8} {args.model} {c.method:<13} {1e3 * rec['seconds']:8.1f} ms/step "
               f"(rounds {', '.join(f'{1e3 * s:.0f}' for s in c.rounds)}; "
-              f"{ceiling / rec['seconds']:.2f} of the ceiling; r {rec['r']:.2f})"
+              f"{own / rec['seconds']:.2f} of the ceiling{' beside it' if beside else ''}; "
+              f"r {rec['r']:.2f})"
               + (f" [{d['describe']}; warm-up {c.warmup[0]} steps]" if d else ""), flush=True)
         if args.out:
             with open(args.out, "a") as fh:

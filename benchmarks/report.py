@@ -237,6 +237,16 @@ def _regime_jobs(records):
         kv[0][0], kv[1].get("ceiling", {}).get("r", math.inf))))
 
 
+def _of_ceiling(rec, rounds=False):
+    """A configuration's throughput as a fraction of the compute ceiling: the median, or (with
+    ``rounds``) each round's. Against the ceiling timed beside it, round by round, where
+    regimes.py ran one configuration at a time (``ceiling_rounds``), else the job's."""
+    if not rounds:
+        return rec["ceiling_seconds"] / rec["seconds"]
+    beside = rec.get("ceiling_rounds") or [rec["ceiling_seconds"]] * len(rec["rounds"])
+    return [c / s for c, s in zip(beside, rec["rounds"])]
+
+
 def _decided(rec):
     """What the decision ran at the end: C (every tensor compressed), P (every tensor passed),
     H (the largest tensors compressed), or '' (no decision: Horovod's, or a fixed mode)."""
@@ -257,8 +267,7 @@ def regimes_markdown(records):
         ok = {m: r for m, r in job.items() if r.get("status") == "ok"}
         if "ceiling" not in ok:
             continue
-        ceiling = ok["ceiling"]["seconds"]
-        best = min(ok[m]["seconds"] for m in ("hvd-fp32", "hvd-fp16") if m in ok)
+        best = max(_of_ceiling(ok[m]) for m in ("hvd-fp32", "hvd-fp16") if m in ok)
         cells = []
         for m in methods:
             r = job.get(m)
@@ -267,13 +276,14 @@ def regimes_markdown(records):
             elif r.get("status") != "ok":
                 cells.append("refused" if "Unsupported" in r["status"] else "error")
             else:
-                lo, hi = min(r["rounds"]), max(r["rounds"])
-                cells.append(f"{ceiling / r['seconds']:.2f} ({best / r['seconds']:.2f}x) "
-                             f"{_decided(r)} [{ceiling / hi:.2f}-{ceiling / lo:.2f}]".replace(
-                                 "  ", " "))
-        lines.append(f"| {model} | {label} | {ok['ceiling']['r']:.2f} | {1e3 * ceiling:.0f} | "
+                each = _of_ceiling(r, rounds=True)
+                cells.append(f"{_of_ceiling(r):.2f} ({_of_ceiling(r) / best:.2f}x) "
+                             f"{_decided(r)} [{min(each):.2f}-{max(each):.2f}]".replace("  ", " "))
+        lines.append(f"| {model} | {label} | {ok['ceiling']['r']:.2f} | "
+                     f"{1e3 * ok['ceiling']['seconds']:.0f} | "
                      + " | ".join(cells) + " |")
-    return ("Each cell: throughput as a fraction of the compute ceiling (median of the rounds), "
+    return ("Each cell: throughput as a fraction of the compute ceiling (median of the rounds; "
+            "of the ceiling timed beside it where the job ran one configuration at a time), "
             "in brackets the ratio to the faster of Horovod fp32 and fp16 of the same job, the "
             "decision's choice (C: every tensor compressed, H: the largest, P: every tensor "
             "passed), and the range of the rounds' fractions.\n\n" + "\n".join(lines))
@@ -285,7 +295,7 @@ def regimes_plot(records, path):
     fig, panels = _panels(sorted({k[0] for k in jobs}), 5.5)
     for ax, model in panels:
         for m in ORDER:
-            pts = sorted((job["ceiling"]["r"], job["ceiling"]["seconds"] / job[m]["seconds"])
+            pts = sorted((job["ceiling"]["r"], _of_ceiling(job[m]))
                          for (mo, _), job in jobs.items() if mo == model and "ceiling" in job
                          and job.get(m, {}).get("status") == "ok")
             if pts:
