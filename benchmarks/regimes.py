@@ -18,35 +18,27 @@ Models, written here (torchvision's wheel does not load beside this CPU torch):
 Configurations (``--methods``): ``ceiling`` (the user's optimizer alone, no exchange: every rank
 trains on the same shared cores, so this is the step with the gradient exchange removed),
 ``hvd-fp32`` / ``hvd-fp16`` (Horovod's own compression), and every hvdcomp method with its
-defaults (the bare class's settings: compress-or-pass decision 'measure', ``hvdcomp.decision``).
-All are built at once (same seed) and warmed up: hvdcomp's until its decision holds a choice
-(at most ``--max-warmup`` steps; the steps and seconds it took are reported), the others
-``--warmup`` steps. Then ``--rounds`` rounds, each timing ``--steps`` steps of every
-configuration in turn (so slow drifts of a shared machine hit all alike); a step is the slowest
-rank's seconds after a barrier. ``--sequential``: one configuration at a time, for models whose
-configurations do not fit in memory together (gpt with AdamW): the ceiling is built once and
-kept, and each other configuration is built, warmed up, timed in rounds interleaved with the
-ceiling's, and freed. Each then carries the ceiling timed beside it (``ceiling_rounds``,
-``ceiling_seconds``: its fraction of the ceiling is taken from its own pair, round by round), so a
-drift of the machine between configurations, which one shared ceiling taken first does not see
-(gpt's 8-second CPU steps drifted by 1.2-1.8x), cancels; the ratios between configurations are
-ratios of those fractions. Also measured: Horovod's fp32 allreduce of a tensor of the model's size (median of 3),
-so ``r = allreduce / ceiling step``. Rank 0 prints and appends one JSON object per configuration
-to ``--out``.
+defaults (the bare class's settings: compress-or-pass decision 'measure', ``hvdcomp.decision``),
+each through the stock ``hvd.DistributedOptimizer``. All are built at once (same seed), warmed
+up and timed in interleaved rounds (``rounds.measure``: hvdcomp's warm up until its decision
+holds a choice; a step is the slowest rank's seconds after a barrier). ``--sequential``: one
+configuration at a time, each beside the ceiling (``rounds.measure_paired``), for models whose
+configurations do not fit in memory together (gpt with AdamW): a drift of the machine between
+configurations, which one ceiling taken first does not see (gpt's CPU steps drifted by
+1.2-1.8x), then cancels. Also measured: Horovod's fp32 allreduce of a tensor of the model's size
+(median of 3), so ``r = allreduce / ceiling step``. Rank 0 prints and appends one JSON object
+per configuration to ``--out`` (``rounds.write``).
 """
 import argparse
-import gc
-import json
-import math
-import statistics
-import time
 
 from mpi4py import MPI  # before Horovod: THREAD_MULTIPLE (see DESIGN.md)
 
 import torch
 import horovod.torch as hvd
 
-from methods import ALL_METHODS, make_compression  # this folder
+import rounds  # this folder
+from methods import ALL_METHODS, make_compression
+from rounds import Timed
 
 nn = torch.nn
 
@@ -160,56 +152,34 @@ def one_step(model, opt, batch):
     opt.step()
 
 
-class Config:
-    """One configuration's model, optimizer and compressor, and its timings."""
+class Config(Timed):
+    """One configuration's model, optimizer (the user's, wrapped by the stock
+    ``hvd.DistributedOptimizer`` but for the ceiling) and compressor."""
 
     def __init__(self, args, method):
-        self.method, self.model = method, build(args)
+        self.model = build(args)
         opt = user_optimizer(args, self.model)
-        self.comp = None
-        if method != "ceiling":
-            self.comp = make_compression(method, hvd)
+        comp = None if method == "ceiling" else make_compression(method, hvd)
+        if comp is not None:
             opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters(),
-                                           compression=self.comp)
-        self.opt, self.rounds, self.warmup, self.status = opt, [], None, "ok"
+                                           compression=comp)
+        super().__init__(method, comp)
+        self.opt = opt
 
-    def deciding(self):
-        d = getattr(self.comp, "decision", None)
-        return d is not None and d.phase == "probe"
-
-    def timed_step(self, comm, batch):
-        comm.Barrier()
-        t0 = time.perf_counter()
+    def one_step(self, batch):
         one_step(self.model, self.opt, batch)
-        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
-
-def allreduce_seconds(params, comm):
-    """Median of 3 timed Horovod fp32 allreduces of ``params`` elements (after one warm-up)."""
-    x, times = torch.ones(params), []
-    for i in range(4):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        hvd.allreduce(x, name="regimes.probe", op=hvd.Sum)
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return statistics.median(times[1:])
+    def drop(self):
+        self.model = self.opt = self.comp = None
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=("resnet18", "resnet50", "gpt"), default="resnet18")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--methods", default="ceiling," + ",".join(ALL_METHODS))
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-warmup", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--sequential", action="store_true")
-    ap.add_argument("--label", default="")
-    ap.add_argument("--out", default="")
+    rounds.add_args(ap)
     args = ap.parse_args()
 
     hvd.init()
@@ -218,92 +188,15 @@ def main():
     batch = make_batch(args, torch.Generator().manual_seed(hvd.rank()))
     model = build(args)
     params = sum(p.numel() for p in model.parameters())
-    tensors = sum(1 for _ in model.parameters())
-    wire = allreduce_seconds(params, comm)
+    job = {"model": args.model, "ranks": hvd.size(), "hosts": hvd.cross_size(), "params": params,
+           "tensors": sum(1 for _ in model.parameters()), "batch": args.batch}
     del model
+    ones = torch.ones(params)
+    job["allreduce_seconds"] = rounds.allreduce_seconds(
+        comm, lambda: hvd.allreduce(ones, name="regimes.probe", op=hvd.Sum))
+    del ones
     methods = args.methods.split(",")
-    done = (measure_paired(args, comm, batch, methods) if args.sequential
-            else measure(args, comm, batch, [Config(args, m) for m in methods]))
-    if hvd.rank() == 0:
-        write(args, done, params, tensors, wire)
-
-
-def measure(args, comm, batch, configs, keep=None):
-    """Warm ``configs`` up (those not warmed up before) and time their rounds (see the module
-    docstring); returns them with their figures, their models and optimizers dropped (but
-    ``keep``'s)."""
-    for c in (c for c in configs if c.warmup is None):
-        t0, n = time.perf_counter(), 0
-        try:
-            while n < args.warmup or (c.deciding() and n < args.max_warmup):
-                c.timed_step(comm, batch)
-                n += 1
-        except Exception as exc:  # noqa: BLE001 - e.g. a method refused under AdamW: reported
-            c.status = f"error: {type(exc).__name__}: {exc}"[:300]
-        c.warmup = (n, time.perf_counter() - t0)
-    configs, failed = [c for c in configs if c.status == "ok"], [
-        c for c in configs if c.status != "ok"]
-    for _ in range(args.rounds):
-        for c in configs:
-            c.rounds.append(statistics.median(c.timed_step(comm, batch)
-                                              for _ in range(args.steps)))
-    for c in (c for c in configs + failed if c is not keep):
-        d = getattr(c.comp, "decision", None)
-        c.decided = None if d is None else {**d.as_dict(), "describe": d.describe()}
-        c.model = c.opt = c.comp = None
-    gc.collect()
-    return failed + configs
-
-
-def measure_paired(args, comm, batch, methods):
-    """``--sequential``: the ceiling built once, every other configuration measured beside it
-    (``measure`` of the pair); each gets the ceiling's rounds of its pair as ``paired``. Returns
-    the ceiling (all its rounds) and the others."""
-    ceiling, done, every = Config(args, "ceiling"), [], []
-    others = [m for m in methods if m != "ceiling"]
-    if not others:
-        return measure(args, comm, batch, [ceiling])
-    for m in others:
-        ceiling.rounds = []
-        config = Config(args, m)
-        measure(args, comm, batch, [ceiling, config], keep=ceiling)
-        config.paired, every = ceiling.rounds, every + ceiling.rounds
-        done.append(config)
-    ceiling.rounds, ceiling.decided = every, None
-    ceiling.model = ceiling.opt = None
-    return [ceiling] + done
-
-
-def write(args, configs, params, tensors, wire):
-    """Rank 0: print and append (``--out``) one record per configuration."""
-    failed = [c for c in configs if c.status != "ok"]
-    configs = [c for c in configs if c.status == "ok"]
-    ceiling = next((statistics.median(c.rounds) for c in configs if c.method == "ceiling"),
-                   math.nan)
-    for c in failed:
-        print(f"{args.label:>8} {args.model} {c.method:<13} {c.status}", flush=True)
-        if args.out:
-            with open(args.out, "a") as fh:
-                fh.write(json.dumps({"model": args.model, "label": args.label,
-                                     "method": c.method, "status": c.status}) + "\n")
-    for c in configs:
-        d, beside = c.decided, getattr(c, "paired", None)
-        own = statistics.median(beside) if beside else ceiling
-        rec = {"model": args.model, "label": args.label, "status": "ok", "ranks": hvd.size(),
-               "hosts": hvd.cross_size(), "params": params, "tensors": tensors,
-               "batch": args.batch, "method": c.method, "seconds": statistics.median(c.rounds),
-               "rounds": c.rounds, "allreduce_seconds": wire, "ceiling_seconds": own,
-               **({"ceiling_rounds": beside} if beside else {}),
-               "r": wire / ceiling, "warmup_steps": c.warmup[0], "warmup_seconds": c.warmup[1],
-               "decision": d}
-        print(f"{args.label:>8} {args.model} {c.method:<13} {1e3 * rec['seconds']:8.1f} ms/step "
-              f"(rounds {', '.join(f'{1e3 * s:.0f}' for s in c.rounds)}; "
-              f"{own / rec['seconds']:.2f} of the ceiling{' beside it' if beside else ''}; "
-              f"r {rec['r']:.2f})"
-              + (f" [{d['describe']}; warm-up {c.warmup[0]} steps]" if d else ""), flush=True)
-        if args.out:
-            with open(args.out, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+    rounds.run(args, comm, batch, methods, lambda m: Config(args, m), job)
 
 
 if __name__ == "__main__":

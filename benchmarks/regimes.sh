@@ -4,10 +4,11 @@
 #   benchmarks/regimes.sh
 #
 # On the emulated cluster (benchmarks/cluster.sh: HOSTS (default 2) hosts x PER_HOST (default 2)
-# ranks), for every model in MODELS (default "resnet18 gpt") and link rate in its RATES_<model>
-# (chosen for r of about 0.1, 0.3, 1, 3 and 10 on a 2-core machine; each job measures and
-# reports its r), one job of benchmarks/regimes.py: the compute ceiling, Horovod fp32 and fp16 and
-# every hvdcomp method with its defaults through the stock hvd.DistributedOptimizer, ROUNDS
+# ranks), for every model in MODELS (default "resnet18 gpt"; also resnet50, and TensorFlow's
+# ResNet-50 as tf-tape and tf-keras) and link rate in its RATES_<model> (chosen for r of about
+# 0.1, 0.3, 1, 3 and 10 on a 2-core machine; each job measures and reports its r), one job of
+# benchmarks/regimes.py (regimes_tf.py --api tape|keras for tf-*): the compute ceiling, Horovod
+# fp32 and fp16 and every hvdcomp method with its defaults through the stock Horovod API, ROUNDS
 # (default 3) rounds of STEPS (default 4) steps each, interleaved. Writes OUT (default
 # results/regimes-<time>/): regimes.jsonl, regimes.md (per model and link: the fraction of the
 # ceiling and the ratio to the faster of Horovod fp32 and fp16, and what the decision chose) and
@@ -18,6 +19,8 @@ MODELS=${MODELS:-"resnet18 gpt"}
 RATES_resnet18=${RATES_resnet18:-"10gbit 3gbit 1gbit 300mbit"}
 RATES_gpt=${RATES_gpt:-"3gbit 1gbit 300mbit 100mbit"}
 RATES_resnet50=${RATES_resnet50:-"3gbit 1gbit 300mbit"}
+RATES_tf_tape=${RATES_tf_tape:-"1gbit 300mbit"}
+RATES_tf_keras=${RATES_tf_keras:-"1gbit 300mbit"}
 # The lowest r: the fastest link with 2.5x (resnet18: 160-pixel images) or 8x (gpt: batch 8)
 # the computation; labelled "<rate>-big". Set BIG_RATE= (empty) to skip it.
 BIG_resnet18=${BIG_resnet18-"--image 160"}
@@ -27,27 +30,36 @@ BIG_RATE=${BIG_RATE-10gbit}
 # time, each beside the ceiling (regimes.py --sequential); one sequence of 64 tokens per rank
 # (a 1.6 s CPU step for 4 ranks on 2 cores; the parameters, which set the traffic, do not change).
 EXTRA_gpt=${EXTRA_gpt-"--sequential --batch 1"}
+# TensorFlow's ResNet-50s with their traced graphs do not fit in memory together either.
+EXTRA_tf_tape=${EXTRA_tf_tape-"--sequential"}
+EXTRA_tf_keras=${EXTRA_tf_keras-"--sequential"}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-4}
+# Seconds each job may run (gpt at 300 Mbit/s: about 30 min).
+TIMEOUT=${TIMEOUT:-1500}
 OUT=${OUT:-$ROOT/results/regimes-$(date +%Y%m%d-%H%M%S)}
 cluster_session 1gbit
 for model in $MODELS; do
-    rates_var="RATES_$model" extra_var="EXTRA_$model"
+    var=${model//-/_}
+    rates_var="RATES_$var" extra_var="EXTRA_$var" big_var="BIG_$var"
+    case "$model" in
+        tf-*) job=("$HERE/regimes_tf.py" --api "${model#tf-}") ;;
+        *) job=("$HERE/regimes.py" --model "$model") ;;
+    esac
     for rate in ${!rates_var}; do
         "$CLUSTER" rate "$rate"
-        "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
-            --model "$model" ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} \
+        "$CLUSTER" run --per-host "$PER_HOST" --timeout "$TIMEOUT" -- "$PY" "${job[@]}" \
+            ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} \
             --rounds "$ROUNDS" \
             --steps "$STEPS" --label "$rate" --out "$OUT/regimes.jsonl" \
-            || echo "regimes.py --model $model at $rate failed (see above)"
+            || echo "${job[*]} at $rate failed (see above)"
     done
-    big_var="BIG_$model"
     if [ -n "${!big_var:-}" ] && [ -n "$BIG_RATE" ]; then
         "$CLUSTER" rate "$BIG_RATE"
-        "$CLUSTER" run --per-host "$PER_HOST" --timeout 1500 -- "$PY" "$HERE/regimes.py" \
-            --model "$model" ${!extra_var:-} ${!big_var} ${METHODS:+--methods "ceiling,$METHODS"} \
+        "$CLUSTER" run --per-host "$PER_HOST" --timeout "$TIMEOUT" -- "$PY" "${job[@]}" \
+            ${!extra_var:-} ${!big_var} ${METHODS:+--methods "ceiling,$METHODS"} \
             --rounds "$ROUNDS" --steps "$STEPS" --label "$BIG_RATE-big" --out "$OUT/regimes.jsonl" \
-            || echo "regimes.py --model $model ${!big_var} at $BIG_RATE failed (see above)"
+            || echo "${job[*]} ${!big_var} at $BIG_RATE failed (see above)"
     fi
 done
 "$PY" "$HERE/report.py" --regimes "$OUT"

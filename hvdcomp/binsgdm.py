@@ -154,9 +154,7 @@ class BinSGDM(Method):
         else:
             moments = alg.update_moments(work, store.get(key, like=work), b1, b2)
             out[...] = alg.direction(*moments, self.eps)
-        v, n = moments[1], max(int(work.shape[0]), 1)
-        return (float(v.sum()) if xp.is_torch(v) else float(np.sum(v, dtype=np.float64))) / n, \
-            moments
+        return alg.total(moments[1]) / max(int(work.shape[0]), 1), moments
 
     def prepare(self, batch):
         return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])

@@ -59,9 +59,13 @@ def normaliser_mean(g, state, b2):
                      for i in range(0, g.shape[0], BLOCK)) / n
     if state is None:
         return g_mean
-    v = state[1]  # v >= 0
-    v_sum = float(v.sum()) if is_torch(v) else float(np.sum(v, dtype=np.float64))
-    return b2 * v_sum / n + (1 - b2) * g_mean
+    return b2 * total(state[1]) / n + (1 - b2) * g_mean  # state[1]: v >= 0
+
+
+def total(x):
+    """The sum of the elements of ``x`` (a torch tensor or a numpy array; numpy sums in
+    float64) as a Python float."""
+    return float(x.sum()) if is_torch(x) else float(np.sum(x, dtype=np.float64))
 
 
 def direction(m, v, eps):

@@ -81,12 +81,12 @@ def memory_of(comp, names):
     hier = getattr(comp.engine.method, "hierarchy", None)
     out = {}
     for n, size in names.items():
-        keys = [k for k in state if k.endswith(n) and "#" not in k]
+        held = state_of(state, n)
         out[n] = np.zeros(size)
-        memory = np.asarray(state[keys[0]], np.float64).ravel() if keys else out[n]
+        memory = np.asarray(held, np.float64).ravel() if held is not None else out[n]
         whole = any(k.endswith(n + "#owner") for k in state)  # PowerSGD's owner's memory
         if memory.size == size:
-            out[n] = memory * (hier.local_size if whole and keys else 1)
+            out[n] = memory * (hier.local_size if whole and held is not None else 1)
         else:
             bounds = shard_bounds(size, hier.local_size)
             out[n][bounds[hier.local_rank]:bounds[hier.local_rank + 1]] = \
@@ -239,12 +239,16 @@ ASIDE_STEPS, ASIDE_COMPRESSED, ASIDE_NAN = 12, (5, 6, 7), 3
 def moments_of(comp, names):
     """This rank's BinSGDM moments per parameter name: (m, v) float64, or None before any."""
     state = comp.state_dict()["state"]
-    out = {}
-    for n in names:
-        keys = [k for k in state if k.endswith(n) and "#" not in k]
-        out[n] = tuple(np.asarray(a, np.float64).ravel() for a in state[keys[0]]) if keys \
-            else None
-    return out
+    held = {n: state_of(state, n) for n in names}
+    return {n: None if h is None else tuple(np.asarray(a, np.float64).ravel() for a in h)
+            for n, h in held.items()}
+
+
+def state_of(state, name):
+    """The entry of a compressor's saved ``state`` held for parameter ``name`` (its key ends
+    with the name; keys with '#' are a method's other parts), or None."""
+    keys = [k for k in state if k.endswith(name) and "#" not in k]
+    return state[keys[0]] if keys else None
 
 
 class WithUnused(torch.nn.Module):
