@@ -12,8 +12,8 @@ Models, written here (torchvision's wheel does not load beside this CPU torch):
 - ``resnet50``: the same with Bottleneck [3, 4, 6, 3] (25.6M parameters in 161 tensors).
 - ``gpt``: a GPT-style causal transformer LM (``--layers`` 8, d_model 512, 8 heads, feed-forward
   2048, vocabulary 8192, learned positions, tied output; ~30M parameters in ~100 tensors),
-  sequences of ``--seq`` (64) tokens, batch ``--batch``, AdamW(lr 1e-4): the user's optimizer
-  (BinSGDM refuses it: reported).
+  sequences of ``--seq`` (64) tokens, batch ``--batch``, AdamW(lr 1e-4): the user's optimizer,
+  kept (hvdcomp follows or sets its moments: "With Adam or AdamW" in the README).
 
 Configurations (``--methods``): ``ceiling`` (the user's optimizer alone, no exchange: every rank
 trains on the same shared cores, so this is the step with the gradient exchange removed),
