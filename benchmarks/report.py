@@ -267,7 +267,8 @@ def regimes_markdown(records):
         ok = {m: r for m, r in job.items() if r.get("status") == "ok"}
         if "ceiling" not in ok:
             continue
-        best = max(_of_ceiling(ok[m]) for m in ("hvd-fp32", "hvd-fp16") if m in ok)
+        best = max((_of_ceiling(ok[m]) for m in ("hvd-fp32", "hvd-fp16") if m in ok),
+                   default=math.nan)  # a job without Horovod's: no ratio
         cells = []
         for m in methods:
             r = job.get(m)
@@ -277,7 +278,8 @@ def regimes_markdown(records):
                 cells.append("refused" if "Unsupported" in r["status"] else "error")
             else:
                 each = _of_ceiling(r, rounds=True)
-                cells.append(f"{_of_ceiling(r):.2f} ({_of_ceiling(r) / best:.2f}x) "
+                ratio = "" if math.isnan(best) else f"({_of_ceiling(r) / best:.2f}x) "
+                cells.append(f"{_of_ceiling(r):.2f} {ratio}"
                              f"{_decided(r)} [{min(each):.2f}-{max(each):.2f}]".replace("  ", " "))
         lines.append(f"| {model} | {label} | {ok['ceiling']['r']:.2f} | "
                      f"{1e3 * ok['ceiling']['seconds']:.0f} | "
