@@ -249,10 +249,13 @@ def _of_ceiling(rec, rounds=False):
 
 def _decided(rec):
     """What the decision ran at the end: C (every tensor compressed), P (every tensor passed),
-    H (the largest tensors compressed), or '' (no decision: Horovod's, or a fixed mode)."""
+    F (every tensor passed in float16), H (the largest tensors compressed), or '' (no decision:
+    Horovod's, or a fixed mode)."""
     d = rec.get("decision")
     if not d or d["mode"] != "measure":
         return ""
+    if d.get("half"):
+        return "F"
     return {d["candidates"][0]: "C", float("inf"): "P"}.get(d["threshold"], "H")
 
 

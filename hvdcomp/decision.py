@@ -11,7 +11,12 @@ a smaller one is *passed*: summed exactly (its dtype, float32 or float64) by Hor
 allreduce where ``compress()`` can hand it over (``hvdcomp.facade.horovod_sums``: torch
 optimizers, one batch per step), else by hvdcomp's float ring in the step (``hvdcomp.engine``).
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
-tensors that hold half of the step's elements, and none (every gradient passed).
+tensors that hold half of the step's elements, none (every gradient passed), and, where Horovod
+sums every passed gradient itself, none with every gradient passed in float16 (``HALF``:
+Horovod's own ``Compression.fp16``, so that a job where fp16's traffic beats both the method and
+the exact sum runs as fast as Horovod's fp16 would; a float32 gradient, no loss scale in force,
+``hvdcomp.facade.runtime.Runtime.sent``; like Horovod's fp16 it rounds each gradient and the
+sum to float16, and an element beyond float16's range, +-65504, overflows to Inf as there).
 
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
 (in the backward pass; for a graph front end, the start of the step's reduction) to its last
@@ -84,20 +89,22 @@ MODES = ("measure", "compress", "pass")
 # The decision mode of compressors built without ``decision=``.
 DEFAULT_MODE = os.environ.get("HVDCOMP_DECISION", "measure")
 NEVER = math.inf  # the threshold that compresses nothing
+HALF = "fp16"  # the candidate that compresses nothing and passes every tensor in float16
 
 
-def candidates(numels, min_numel):
+def candidates(numels, min_numel, half=False):
     """The thresholds to try, most compression first: ``min_numel`` (every tensor the method
     compresses), the size above which the largest tensors hold half of the elements of those
-    (when that differs), and ``NEVER``. ``numels``: the sizes of the step's tensors."""
+    (when that differs), ``HALF`` (with ``half``: Horovod sums every passed tensor) and
+    ``NEVER``. ``numels``: the sizes of the step's tensors."""
     big = sorted((n for n in numels if n >= min_numel), reverse=True)
     found = [min_numel]
     if big:
-        half = np.searchsorted(np.cumsum(big), sum(big) / 2)
-        middle = big[min(int(half), len(big) - 1)]
+        cut = np.searchsorted(np.cumsum(big), sum(big) / 2)
+        middle = big[min(int(cut), len(big) - 1)]
         if middle > min_numel and middle > big[-1]:
             found.append(middle)
-    return found + [NEVER]
+    return found + ([HALF] if half else []) + [NEVER]
 
 
 class Decision:
@@ -130,7 +137,12 @@ class Decision:
     def threshold(self):
         if self.thresholds is None:
             return self.min_numel if self.current == 0 else NEVER
-        return self.thresholds[self.current]
+        found = self.thresholds[self.current]
+        return NEVER if found == HALF else found
+
+    def passes_half(self):
+        """Whether every tensor is passed in float16 this step (the ``HALF`` candidate)."""
+        return self.thresholds is not None and self.thresholds[self.current] == HALF
 
     def compresses(self, numel):
         """Whether a tensor of ``numel`` elements is compressed this step."""
@@ -160,16 +172,17 @@ class Decision:
         self._done, self._start = (self._start, typical), None
         self.mark()
 
-    def observe(self, window, numels, speak=False, steps=1):
+    def observe(self, window, numels, speak=False, steps=1, half=False):
         """Take the previous step's agreed exchange ``window`` (the slowest rank's, in
         seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
         ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
         ``speak``: log a new choice (rank 0); ``steps``: the steps since the last observation
         (more than 1 after quiet steps, ``hvdcomp.engine.QuietSteps``, which ran the candidate in
-        force: they count toward ``revisit`` and ``settle``). The new threshold applies from the
-        next step."""
+        force: they count toward ``revisit`` and ``settle``); ``half``: Horovod summed every
+        tensor of the step on every rank (``HALF`` is then a candidate; used once, as
+        ``numels``). The new threshold applies from the next step."""
         if self.thresholds is None:
-            self.thresholds = candidates(numels, self.min_numel)
+            self.thresholds = candidates(numels, self.min_numel, half)
         if self.phase == "fixed" or window == 0:
             return
         if window < 0:
@@ -269,7 +282,8 @@ class Decision:
     def describe(self):
         """One line: the mode, phase and what is compressed."""
         t = self.threshold
-        what = ("every tensor passed" if t == NEVER else "every tensor it compresses"
+        what = ("every tensor passed in float16" if self.passes_half() else
+                "every tensor passed" if t == NEVER else "every tensor it compresses"
                 if t == self.min_numel else f"tensors of {t:,} elements or more compressed")
         chosen = (f" (chosen at {1e3 * self.medians[self.chosen]:.1f} ms/step)"
                   if self.phase == "hold" else "")
@@ -278,7 +292,8 @@ class Decision:
     def as_dict(self):
         """What ``last_stats`` shows of the decision."""
         return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
-                "candidates": self.thresholds, "switches": self.switches}
+                "half": self.passes_half(), "candidates": self.thresholds,
+                "switches": self.switches}
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
              "chosen", "interval", "switches", "taken", "queue", "round")
@@ -300,4 +315,6 @@ class Decision:
 
 
 def _name(threshold):
+    if threshold == HALF:
+        return "pass all in fp16"
     return "pass all" if threshold == NEVER else f"compress from {threshold:,}"

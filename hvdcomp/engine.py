@@ -99,7 +99,6 @@ class QuietSteps:
                       min(2 * self.every, self.LONGEST) if again else self.EVERY)
         if quiet:
             self.figures = dict(ranks=ranks, elements=sum(e.numel for e in entries),
-                                horovod_bytes=horovod_bytes(entries, ranks),
                                 decision=decision.as_dict())
 
 
@@ -143,7 +142,8 @@ class Entry:
     batch's agreement and finiteness verdict only: its status is set here, from the tensor as
     compress() saw it (the adapter's ``all_finite``; with ``defer``, where the step is expected
     to be quiet, only if it turns out not to be: ``status_now``), and its result is a
-    ``HorovodSum``.
+    ``HorovodSum``; ``half``: Horovod sums it in float16 this step
+    (``hvdcomp.facade.runtime.Runtime.sent``).
     ``compensated``/``owned``: the error-compensated vector and whether it is a buffer the
     method may overwrite (``hvdcomp.feedback``); ``moments``: BinSGDM's new (m, v);
     ``own_scale``: Marsit's scale.
@@ -163,7 +163,7 @@ class Entry:
     __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
                  "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
                  "own_scale", "into", "target", "gradient", "zero", "adam", "_signature",
-                 "source")
+                 "source", "half")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None,
                  adam=None, defer=False):
@@ -172,7 +172,7 @@ class Entry:
         self.dtype_name = adapter.describe_dtype(tensor)
         self.numel = math.prod(self.shape)
         self.by_horovod = self.dense = by_horovod
-        self.source = None
+        self.source, self.half = None, False
         if by_horovod:
             self._read_status(tensor, defer)
             self.work = None
@@ -370,7 +370,8 @@ class StepEngine:
 
     def _pass_quietly(self, entries):
         """A quiet step (``QuietSteps``): every result is Horovod's own, nothing is staged or
-        communicated; the step ends with the figures of the agreed step that allowed it."""
+        communicated; the step ends with the figures of the agreed step that allowed it, and
+        Horovod's bytes of its own (a tensor may be summed in float16, ``Entry.half``)."""
         t0 = time.perf_counter()
         self.decision.begin()  # where no compress() came first
         self.atypical = False
@@ -381,7 +382,9 @@ class StepEngine:
         self.decision.step_done()
         self.step += 1
         self.last_stats = stats = StepStats(
-            steps=1, step=self.step, seconds=time.perf_counter() - t0, **self.quiet.figures)
+            steps=1, step=self.step, seconds=time.perf_counter() - t0,
+            horovod_bytes=horovod_bytes(entries, self.quiet.figures["ranks"]),
+            **self.quiet.figures)
         self.total_stats.add(stats)
         return stats
 
@@ -397,7 +400,8 @@ class StepEngine:
                               self.decision.last_window if first else 0.0)
         if first:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
-                                  steps=self.quiet.since())
+                                  steps=self.quiet.since(),
+                                  half=agreed.all_by_horovod and not self.aside)
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
         absent = [entries[i] for i in sorted(agreed.absent)]
@@ -580,7 +584,7 @@ def report_nonfinite(engine, where):
 
 def horovod_bytes(entries, ranks):
     """What Horovod's ring allreduce sends per rank for the ``entries`` it sums."""
-    return ring_bytes(sum(e.numel * (8 if e.dtype_name == "float64" else 4)
+    return ring_bytes(sum(e.numel * (2 if e.half else 8 if e.dtype_name == "float64" else 4)
                           for e in entries if e.by_horovod), ranks)
 
 

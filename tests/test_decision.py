@@ -7,7 +7,7 @@ import pytest
 
 from conftest import results, run
 from hvdcomp import decision
-from hvdcomp.decision import NEVER, Decision
+from hvdcomp.decision import HALF, NEVER, Decision
 
 MEASURE = {"HVDCOMP_DECISION": "measure"}
 
@@ -29,6 +29,31 @@ def test_candidates_go_from_every_tensor_to_none_with_the_half_of_the_elements_b
     assert decision.candidates([5000, 5000], 1024) == [1024, NEVER]  # no size between
     assert decision.candidates([10, 20], 1024) == [1024, NEVER]
     assert decision.candidates([4, 3, 2, 1], 0) == [0, 3, NEVER]
+
+
+def run_half(times, steps=40):
+    """A decision offered the float16 pass (Horovod sums every passed tensor) fed ``times``
+    (candidate -> seconds per step, ``HALF`` for it) for ``steps`` steps."""
+    d = Decision("measure", 1024, margin=0.05)
+    for _ in range(steps):
+        key = HALF if d.passes_half() else d.threshold
+        d.observe(0.0 if d.thresholds is None else times[key], (16384, 2560, 10), half=True)
+    return d
+
+
+def test_where_horovod_sums_every_passed_tensor_the_float16_pass_is_a_candidate():
+    assert decision.candidates([16384, 2560, 10], 1024, half=True) == [1024, 16384, HALF, NEVER]
+    d = run_half({1024: 0.02, 16384: 0.02, HALF: 0.010, NEVER: 0.015})
+    assert d.phase == "hold" and d.passes_half() and d.threshold == NEVER
+    assert d.as_dict()["half"] and "float16" in d.describe()
+    again = Decision("measure", 1024)
+    again.load(d.state())  # in the checkpoint
+    assert again.passes_half() and again.phase == "hold"
+    d = run_half({1024: 0.02, 16384: 0.02, HALF: 0.0097, NEVER: 0.0100})  # 3%: the exact sum
+    assert d.phase == "hold" and not d.passes_half() and d.threshold == NEVER
+    d = run_half({1024: 0.009, 16384: 0.02, HALF: 0.010, NEVER: 0.015})  # compressing wins
+    assert d.phase == "hold" and d.threshold == 1024 and not d.passes_half()
+    assert not d.as_dict()["half"]
 
 
 @pytest.mark.parametrize("fastest", [1024, 16384, NEVER])
@@ -183,8 +208,34 @@ def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(nam
     assert len(set(ours["thresholds"])) == 3  # every candidate ran
     runs = [r for r in ours["runs"] if r["memory"] > 0]
     assert runs, ours["runs"]  # some tensor with memory was passed after being compressed
-    for r in runs:
-        assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
+    for r in runs:  # exact to float32's rounding, plus float16's over steps passed in it
+        assert r["error"] <= 1e-4 * r["scale"] + 1e-6 + r["fp16_rounding"], r
+
+
+def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_both_ways():
+    """The decision's float16 candidate (``hvdcomp.decision.HALF``, offered where Horovod sums
+    every passed tensor): its steps are bit-equal to Horovod's own fp16 average of the ranks'
+    gradients and send half of the float32 bytes; a step passing in float32 after it is the
+    exact mean again, and the float16 one after a compressed step is within float16's rounding
+    of the exact mean (the compressed step's memory carried). Ranks bit-identical."""
+    res = results(run(4, "decision.py", "marsit", 0.05, "half", env=MEASURE, timeout=240))
+    assert sorted(res) == list(range(4))
+    ours = res[0]
+    assert "fp16" in ours["candidates"], ours["candidates"]
+    steps = ours["steps"]
+    assert [s["candidate"] for s in steps] == ["fp16"] * 4 + ["inf", "1024", "fp16"]
+    fp32_bytes = steps[4]["horovod_bytes"]
+    assert fp32_bytes > 0
+    for s in steps:
+        assert s["identical"], s
+        assert s["half"] == (s["candidate"] == "fp16"), s
+    for s in steps[:4]:
+        assert s["fp16_gap"] == 0.0, s  # Horovod's fp16 result, bit for bit
+        assert 0.0 < s["exact_gap"] <= 2.0 ** -8, s  # rounded, as float16 rounds
+        assert s["horovod_bytes"] * 2 == fp32_bytes, (s, fp32_bytes)
+    assert steps[4]["exact_gap"] <= 1e-6, steps[4]  # float32 again: the exact mean
+    assert steps[5]["horovod_bytes"] < fp32_bytes // 10, steps[5]  # compressed
+    assert steps[6]["horovod_bytes"] < fp32_bytes, steps[6]  # the carried ones by hvdcomp
 
 
 @pytest.mark.parametrize("name", ["marsit", "topk"])

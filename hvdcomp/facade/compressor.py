@@ -6,7 +6,8 @@ How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``h
    returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
    place of the gradient; a small tensor from a torch optimizer it returns as it is, for
    Horovod's own allreduce to sum (``horovod_sums``; for a method that steps aside, its message
-   instead, ``hvdcomp.stepaside``).
+   instead, ``hvdcomp.stepaside``; where the decision passes in float16, the tensor in float16,
+   ``hvdcomp.facade.runtime.Runtime.sent``).
    No MPI happens here, so it is safe in autograd hooks.
 2. The first ``decompress(output, ctx)`` of the step *flushes*: all gradients recorded since the
    last flush are reduced together by the step engine (``hvdcomp.engine``: agree, classify,
@@ -178,8 +179,7 @@ class BatchedCompressor:
                 raise _compressed_twice(self, key)
             entry = rt.engine.entry(key, tensor, adapter,
                                     horovod_sums(rt, tensor, adapter, ident), ident)
-            sent = (rt.message(entry, tensor) if rt.engine.aside else tensor) \
-                if entry.by_horovod else _placeholder(adapter, tensor)
+            sent = rt.sent(entry, tensor) if entry.by_horovod else _placeholder(adapter, tensor)
             rt.pending[key] = entry
             rt.driver.arrived(entry)
         return sent, entry.ticket
@@ -212,6 +212,8 @@ class BatchedCompressor:
             if rt.engine.aside:  # a message (hvdcomp.stepaside)
                 with self._lock:
                     return rt.stepped(entry, output, flat.fill)
+            if entry.half:
+                output = entry.adapter.as_dtype(output, entry.dtype)
             return output if flat.fill is None else output.fill_(flat.fill)
         return entry.restore(flat, factor)
 

@@ -14,7 +14,8 @@ import copy
 
 import numpy as np
 
-from hvdcomp import bucketing, hierarchical, ownership, preconditioning, state, stepaside
+from hvdcomp import (bucketing, hierarchical, loss_scale, ownership, preconditioning, state,
+                     stepaside)
 from hvdcomp.decision import Decision
 from hvdcomp.engine import StepEngine
 from hvdcomp.errors import HvdcompError
@@ -44,6 +45,20 @@ class Runtime:
         self.pending = {}
         self.held = {}  # key -> new state of a tensor stepping aside through Horovod (message)
         self.ownership = ownership.Ownership(self)
+
+    def sent(self, entry, tensor):
+        """What Horovod sums for ``entry`` (``by_horovod``), the gradient ``tensor``: the
+        method's message where it steps aside (``message``); where the decision passes every
+        tensor in float16 (``Decision.passes_half``) and no loss scale is in force (a scaled
+        gradient would overflow float16 where the user's own would not), a float32 gradient in
+        float16, as Horovod's ``Compression.fp16`` sends it (``entry.half``; ``decompress``
+        returns the sum in the gradient's dtype); else the gradient as it is."""
+        if self.engine.aside:
+            return self.message(entry, tensor)
+        halved = (entry.adapter.halved(tensor) if self.decision.passes_half()
+                  and loss_scale.current() == 1.0 else None)
+        entry.half = halved is not None
+        return tensor if halved is None else halved
 
     def message(self, entry, tensor):
         """What Horovod sums in place of ``tensor`` (``entry``'s gradient, by Horovod) where the

@@ -348,6 +348,18 @@ def horovod_may_sum(tensor, identity):
             and getattr(identity.optimizer, "op", None) in _mean_or_sum())
 
 
+def halved(tensor):
+    """``tensor`` as Horovod's ``Compression.fp16`` sends a float32 gradient (float16), or None
+    for another dtype (sent as it is)."""
+    return tensor.to(torch.float16) if tensor.dtype == torch.float32 else None
+
+
+def as_dtype(tensor, dtype):
+    """``tensor`` in ``dtype`` (itself where it has it): Horovod's float16 sum of ``halved``
+    gradients back in their dtype."""
+    return tensor.to(dtype)
+
+
 def all_finite(tensor):
     """Whether no element of ``tensor`` is NaN or +-Inf. A dense contiguous CPU float32/float64
     tensor is read in place by its address where numba is installed (``hvdcomp.kernels.finite``:

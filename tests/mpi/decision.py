@@ -2,8 +2,8 @@
 hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
-Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry' or 'aside' (with
-'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``).
+Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry', 'aside' (with
+'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``) or 'half'.
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -11,7 +11,10 @@ Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry' or 'as
   without Horovod), and its error-feedback memory after the step. Rank 0 reports, per tensor,
   every run of steps in which the tensor was passed right after being compressed: the sum of
   the applied steps over the run, and the sum of the mean gradients over the run plus the mean
-  memory before the run (they must be equal: the memory is carried, not dropped).
+  memory before the run (they must be equal: the memory is carried, not dropped; steps passed
+  in float16 add their rounding, bounded per step by 2**-9 times the largest |gradient|).
+- half: the float16 candidate (``hvdcomp.decision.HALF``) against Horovod's own fp16 (see
+  ``half``).
 - resume: a run until the decision holds a choice (at least step MIN_SAVE), a checkpoint
   (model, optimizer, compressor) through torch.save, AFTER more steps; then a fresh model,
   optimizer and compressor load it and run the same steps. Reported: both runs' thresholds and
@@ -31,6 +34,7 @@ Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry' or 'as
 """
 import copy
 import io
+import math
 import sys
 
 import numpy as np
@@ -100,9 +104,14 @@ def carry():
     comp = compressor_object(comp_arg)
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     thresholds, identical, applied, grads, memories = [], 0, [], [], [memory_of(comp, sizes)]
+    halves, largest = [], []  # per step: passed in float16; the largest |gradient| of any rank
     for i in range(STEPS):
-        grads.append(mean_over_ranks(local_gradients(model, i)))
+        local = local_gradients(model, i)
+        grads.append(mean_over_ranks(local))
+        largest.append({n: world.allreduce(float(abs(g).max()), op=MPI.MAX)
+                        for n, g in local.items()})
         threshold = comp.decision.threshold  # in force for this step
+        halves.append(comp.decision.passes_half())
         step(model, opt, i)
         thresholds.append(threshold)
         applied.append({n: p.grad.double().numpy().ravel().copy()
@@ -120,14 +129,55 @@ def carry():
                     j += 1
                 sent = sum(applied[t][n] for t in range(i, j))
                 owed = sum(grads[t][n] for t in range(i, j)) + memories[i][n]
+                # a step passed in float16 rounds each rank's gradient and the sum
+                rounding = sum(largest[t][n] for t in range(i, j) if halves[t]) * 2.0 ** -9
                 runs.append({"tensor": n, "steps": [i, j],
                              "memory": float(abs(memories[i][n]).max()),
                              "error": float(abs(sent - owed).max()),
-                             "scale": float(abs(owed).max())})
+                             "scale": float(abs(owed).max()), "fp16_rounding": rounding})
                 i = j
             i += 1
     report(rank=hvd.rank(), thresholds=[str(t) for t in thresholds], identical=identical,
-           steps=STEPS, runs=runs, phase=comp.decision.phase)
+           steps=STEPS, runs=runs, phase=comp.decision.phase, halves=halves)
+
+
+HALF_STEPS = 4
+
+
+def half():
+    """Step 0 as the decision starts (every tensor passed), then ``HALF_STEPS`` steps with the
+    decision held on its float16 candidate, then one passing in float32, one compressing and
+    one in float16 again. Per step: the largest difference between the applied step and
+    Horovod's own fp16 average of this rank's gradients (``hvd.allreduce`` of them in float16,
+    as ``hvd.Compression.fp16`` sends them) and the exact mean, Horovod's bytes per rank, and
+    the candidate in force."""
+    from hvdcomp.decision import HALF
+    comp_arg = compression_for(name)
+    model, opt = build(comp_arg, lr, 0.0)
+    comp = compressor_object(comp_arg)
+    step(model, opt, 0)
+    candidates = list(comp.decision.thresholds)
+    comp.decision.phase = "fixed"  # held where the test puts it
+    plan = [HALF] * HALF_STEPS + [math.inf, candidates[0], HALF]
+    rows = []
+    for i, candidate in enumerate(plan, start=1):
+        comp.decision.current = candidates.index(candidate)
+        local = local_gradients(model, i)
+        exact = mean_over_ranks(local)
+        fp16 = {n: hvd.allreduce(torch.from_numpy(g).float().half(), op=hvd.Average,
+                                 name=f"reference.{i}.{n}").float().double().numpy()
+                for n, g in local.items()}
+        step(model, opt, i)
+        applied = {n: p.grad.double().numpy().ravel() for n, p in model.named_parameters()}
+        rows.append({"candidate": str(candidate), "half": comp.decision.passes_half(),
+                     "fp16_gap": max(float(abs(applied[n] - fp16[n]).max()) for n in applied),
+                     "exact_gap": max(float(abs(applied[n] - exact[n]).max()
+                                            / abs(exact[n]).max()) for n in applied),
+                     "horovod_bytes": comp.last_stats.horovod_bytes,
+                     "elements": sum(a.size for a in applied.values()),
+                     "identical": identical_across_ranks(model)})
+    report(rank=hvd.rank(), candidates=[str(c) for c in candidates], steps=rows,
+           size=hvd.size())
 
 
 def resume():
@@ -336,4 +386,4 @@ def aside():
 
 
 {"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
- "aside": aside}[mode]()
+ "aside": aside, "half": half}[mode]()
