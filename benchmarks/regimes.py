@@ -37,7 +37,7 @@ import torch
 import horovod.torch as hvd
 
 import rounds  # this folder
-from methods import ALL_METHODS, make_compression
+from methods import make_compression
 from rounds import Timed
 
 nn = torch.nn
@@ -178,7 +178,6 @@ def main():
     ap.add_argument("--model", choices=("resnet18", "resnet50", "gpt"), default="resnet18")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--methods", default="ceiling," + ",".join(ALL_METHODS))
     rounds.add_args(ap)
     args = ap.parse_args()
 
@@ -195,8 +194,7 @@ def main():
     job["allreduce_seconds"] = rounds.allreduce_seconds(
         comm, lambda: hvd.allreduce(ones, name="regimes.probe", op=hvd.Sum))
     del ones
-    methods = args.methods.split(",")
-    rounds.run(args, comm, batch, methods, lambda m: Config(args, m), job)
+    rounds.run(args, comm, batch, lambda m: Config(args, m), job)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 import rounds  # noqa: E402  this folder
-from methods import ALL_METHODS, make_compression  # noqa: E402
+from methods import make_compression  # noqa: E402
 from rounds import Timed  # noqa: E402
 
 
@@ -81,7 +81,6 @@ class Config(Timed):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--api", choices=("tape", "keras"), default="tape")
-    ap.add_argument("--methods", default="ceiling," + ",".join(ALL_METHODS))
     rounds.add_args(ap)
     ap.set_defaults(batch=4)
     args = ap.parse_args()
@@ -102,8 +101,7 @@ def main():
     job["allreduce_seconds"] = rounds.allreduce_seconds(
         comm, lambda: hvd.allreduce(ones, name="regimes.probe", op=hvd.Sum).numpy())
     del ones
-    methods = args.methods.split(",")
-    rounds.run(args, comm, batch, methods, lambda m: Config(args, m), job)
+    rounds.run(args, comm, batch, lambda m: Config(args, m), job)
 
 
 if __name__ == "__main__":

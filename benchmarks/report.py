@@ -280,9 +280,9 @@ def regimes_markdown(records):
             elif r.get("status") != "ok":
                 cells.append("refused" if "Unsupported" in r["status"] else "error")
             else:
-                each = _of_ceiling(r, rounds=True)
-                ratio = "" if math.isnan(best) else f"({_of_ceiling(r) / best:.2f}x) "
-                cells.append(f"{_of_ceiling(r):.2f} {ratio}"
+                each, fraction = _of_ceiling(r, rounds=True), _of_ceiling(r)
+                ratio = "" if math.isnan(best) else f"({fraction / best:.2f}x) "
+                cells.append(f"{fraction:.2f} {ratio}"
                              f"{_decided(r)} [{min(each):.2f}-{max(each):.2f}]".replace("  ", " "))
         lines.append(f"| {model} | {label} | {ok['ceiling']['r']:.2f} | "
                      f"{1e3 * ok['ceiling']['seconds']:.0f} | "
@@ -291,7 +291,7 @@ def regimes_markdown(records):
             "of the ceiling timed beside it where the job ran one configuration at a time), "
             "in brackets the ratio to the faster of Horovod fp32 and fp16 of the same job, the "
             "decision's choice (C: every tensor compressed, H: the largest, P: every tensor "
-            "passed), and the range of the rounds' fractions.\n\n" + "\n".join(lines))
+            "passed, F: every tensor passed in float16), and the range of the rounds' fractions.\n\n" + "\n".join(lines))
 
 
 def regimes_plot(records, path):

@@ -18,6 +18,8 @@ import time
 
 from mpi4py import MPI
 
+from methods import ALL_METHODS
+
 
 class Timed:
     """One configuration: its method (``ceiling``, ``hvd-fp32``, ``hvd-fp16`` or an hvdcomp
@@ -131,9 +133,11 @@ def write(args, configs, job):
         append(rec)
 
 
-def run(args, comm, batch, methods, make, job):
-    """Measure ``methods`` (each configuration built by ``make(method)``) together or, with
-    ``args.sequential``, one at a time beside the ceiling; rank 0 writes their records."""
+def run(args, comm, batch, make, job):
+    """Measure the configurations of ``args.methods`` (each built by ``make(method)``) together
+    or, with ``args.sequential``, one at a time beside the ceiling; rank 0 writes their
+    records."""
+    methods = args.methods.split(",")
     def write_here(configs):
         if comm.rank == 0:
             write(args, configs, job)
@@ -145,6 +149,7 @@ def run(args, comm, batch, methods, make, job):
 
 def add_args(ap):
     """The arguments both regimes benchmarks take (besides their models)."""
+    ap.add_argument("--methods", default="ceiling," + ",".join(ALL_METHODS))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=2)
