@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 import time
+import traceback
 
 from mpi4py import MPI
 
@@ -59,10 +60,15 @@ def measure(args, comm, batch, configs, keep=None):
         t0, n = time.perf_counter(), 0
         try:
             while n < args.warmup or (c.deciding() and n < args.max_warmup):
-                c.timed_step(comm, batch)
+                seconds = c.timed_step(comm, batch)
                 n += 1
+                if args.trace and comm.rank == 0:
+                    d = getattr(c.comp, "decision", None)
+                    print(f"  warm-up {c.method} step {n}: {seconds:.2f} s"
+                          + (f" [{d.describe()}]" if d is not None else ""), flush=True)
         except Exception as exc:  # noqa: BLE001 - e.g. a method refused under AdamW: reported
             c.status = f"error: {type(exc).__name__}: {exc}"[:300]
+            traceback.print_exc()  # on the rank that raised (the others may wait for it)
         c.warmup = (n, time.perf_counter() - t0)
     configs, failed = [c for c in configs if c.status == "ok"], [
         c for c in configs if c.status != "ok"]
@@ -157,6 +163,7 @@ def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="print each warm-up step (rank 0)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="")
 

@@ -12,11 +12,14 @@ allreduce where ``compress()`` can hand it over (``hvdcomp.facade.horovod_sums``
 optimizers, one batch per step), else by hvdcomp's float ring in the step (``hvdcomp.engine``).
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
 tensors that hold half of the step's elements, none (every gradient passed), and, where Horovod
-sums every passed gradient itself, none with every gradient passed in float16 (``HALF``:
-Horovod's own ``Compression.fp16``, so that a job where fp16's traffic beats both the method and
-the exact sum runs as fast as Horovod's fp16 would; a float32 gradient, no loss scale in force,
-``hvdcomp.facade.runtime.Runtime.sent``; like Horovod's fp16 it rounds each gradient and the
-sum to float16, and an element beyond float16's range, +-65504, overflows to Inf as there).
+sums every passed gradient itself and NaN/Inf is propagated (the default ``on_nonfinite``), none
+with every gradient passed in float16 (``HALF``: Horovod's own ``Compression.fp16``, so that a
+job where fp16's traffic beats both the method and the exact sum runs as fast as Horovod's fp16
+would; a float32 gradient, no loss scale in force, ``hvdcomp.facade.runtime.Runtime.sent``).
+Like Horovod's fp16 it rounds each gradient and the sum to float16: elements under about 6e-8
+in magnitude become 0, and a sum beyond float16's range, +-65504, overflows to Inf, which
+'propagate' hands on as it does a rank's own Inf (so it is not offered under 'raise' or 'skip',
+which promise to catch every non-finite step).
 
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
 (in the backward pass; for a graph front end, the start of the step's reduction) to its last

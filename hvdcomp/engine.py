@@ -401,7 +401,8 @@ class StepEngine:
         if first:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
                                   steps=self.quiet.since(),
-                                  half=agreed.all_by_horovod and not self.aside)
+                                  half=agreed.all_by_horovod and not self.aside
+                                  and self.on_nonfinite == "propagate")
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
         absent = [entries[i] for i in sorted(agreed.absent)]

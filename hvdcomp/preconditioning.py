@@ -23,7 +23,7 @@ step leaves it as it was.
 (``precondition='adam'``, BinSGDM): under the user's Adam/AdamW it sets Adam's moments so that
 Adam's own update applies that step at the user's learning rate.
 """
-from hvdcomp import checks
+from hvdcomp import checks, feedback
 from hvdcomp.algorithms import adam
 from hvdcomp.algorithms import precondition as rms
 from hvdcomp.backend import xp
@@ -104,7 +104,8 @@ class FollowAdam(Identity):
         put in the gradient as ``e / (1 - b1)`` would add ``(1 - b2)(e / (1 - b1))**2``, ~100
         times ``e**2`` at ``b1 = 0.9``, to ``v`` and slow every later step; charlm + AdamW).
         Adam with ``b1 = 0`` has no momentum to hold it: ``e`` joins its gradient."""
-        if entry.adam is None or entry.adam.beta1 == 0.0 or store.get(entry.key) is None:
+        if (entry.adam is None or entry.adam.beta1 == 0.0
+                or not feedback.pending(store, entry.key)):
             return carry(store, entry)
         memory = _Shadow(entry.key, xp.zeros_like(entry.work), entry.numel)
         carry(store, memory)

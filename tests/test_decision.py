@@ -206,6 +206,7 @@ def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(nam
     assert all(r["thresholds"] == ours["thresholds"] for r in res.values())
     assert ours["phase"] == "hold"  # the probe finished within the run
     assert len(set(ours["thresholds"])) == 3  # every candidate ran
+    assert any(ours["halves"])  # the float16 pass too (its threshold: inf, as passing's)
     runs = [r for r in ours["runs"] if r["memory"] > 0]
     assert runs, ours["runs"]  # some tensor with memory was passed after being compressed
     for r in runs:  # exact to float32's rounding, plus float16's over steps passed in it
@@ -216,12 +217,15 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
     """The decision's float16 candidate (``hvdcomp.decision.HALF``, offered where Horovod sums
     every passed tensor): its steps are bit-equal to Horovod's own fp16 average of the ranks'
     gradients and send half of the float32 bytes; a step passing in float32 after it is the
-    exact mean again, and the float16 one after a compressed step is within float16's rounding
-    of the exact mean (the compressed step's memory carried). Ranks bit-identical."""
+    exact mean again, and in the float16 one after a compressed step the tensors that carry
+    memory go through hvdcomp's exact sum (fewer bytes left to Horovod). Ranks bit-identical. Not offered
+    under ``on_nonfinite='raise'`` (a float16 sum may overflow)."""
     res = results(run(4, "decision.py", "marsit", 0.05, "half", env=MEASURE, timeout=240))
     assert sorted(res) == list(range(4))
     ours = res[0]
     assert "fp16" in ours["candidates"], ours["candidates"]
+    assert "fp16" not in ours["strict_candidates"], ours  # on_nonfinite='raise': exact sums
+    assert "inf" in ours["strict_candidates"], ours
     steps = ours["steps"]
     assert [s["candidate"] for s in steps] == ["fp16"] * 4 + ["inf", "1024", "fp16"]
     fp32_bytes = steps[4]["horovod_bytes"]

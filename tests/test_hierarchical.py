@@ -86,6 +86,28 @@ def test_a_resume_in_node_stages_is_bit_identical(name, form):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["marsit", "powersgd"])
+def test_under_adamw_a_passed_tensor_hands_its_shards_memory_to_adams_momentum(name):
+    """Node stages under the user's AdamW, a tensor passed after compressed steps: Adam's
+    moments after that step are ``b1 m + (1 - b1) mean(g) + mean(e)`` and ``b2 v + (1 - b2)
+    mean(g)**2`` on every rank, ``e`` the mean over nodes of the shard memories (PowerSGD: of
+    the whole tensors' owners). Every rank sends ``[g, e]`` in that step, a rank without a
+    memory zeros: PowerSGD's non-owners sent ``g`` alone before session 46, a ring of other
+    sizes than the owner's (MPI_ERR_IN_STATUS on some ranks, the others waiting for ever)
+    (tests/mpi/decision.py adam-carry)."""
+    res = results(run(4, "decision.py", name, 0.003, "adam-carry", timeout=240,
+                      env={**NODES, "HVDCOMP_DECISION": "compress"}))
+    assert sorted(res) == list(range(4))
+    for r in res.values():
+        assert r["identical"]
+        assert [t for t in r["tensors"].values() if t["memory"] > 0], r["tensors"]
+        for n, t in r["tensors"].items():
+            assert t["passed"]
+            assert t["m_error"] <= 1e-5 * t["m_scale"] + 1e-9, (n, t)
+            assert t["v_error"] <= 1e-5 * t["v_scale"] + 1e-12, (n, t)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["marsit", "powersgd"])
 def test_a_tensor_the_decision_passes_carries_its_shards_memory(name):
     """The compress-or-pass decision in node stages: the same thresholds on every rank, and over
     every compressed -> passed switch the applied steps equal the mean gradients plus the mean

@@ -150,7 +150,7 @@ def half():
     one in float16 again. Per step: the largest difference between the applied step and
     Horovod's own fp16 average of this rank's gradients (``hvd.allreduce`` of them in float16,
     as ``hvd.Compression.fp16`` sends them) and the exact mean, Horovod's bytes per rank, and
-    the candidate in force."""
+    the candidate in force. Then the candidates of a compressor with ``on_nonfinite='raise'``."""
     from hvdcomp.decision import HALF
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
@@ -176,8 +176,12 @@ def half():
                      "horovod_bytes": comp.last_stats.horovod_bytes,
                      "elements": sum(a.size for a in applied.values()),
                      "identical": identical_across_ranks(model)})
+    import hvdcomp
+    strict = hvdcomp.Marsit(on_nonfinite="raise")  # every non-finite step caught: no float16
+    strict_model, strict_opt = build(strict, lr, 0.0)
+    step(strict_model, strict_opt, 0)
     report(rank=hvd.rank(), candidates=[str(c) for c in candidates], steps=rows,
-           size=hvd.size())
+           strict_candidates=[str(c) for c in strict.decision.thresholds])
 
 
 def resume():
