@@ -120,8 +120,8 @@ def test_a_tensor_the_decision_passes_carries_its_shards_memory(name):
     assert all(r["thresholds"] == ours["thresholds"] for r in res.values())
     runs = [r for r in ours["runs"] if r["memory"] > 0]
     assert runs, ours["runs"]
-    for r in runs:
-        assert r["error"] <= 1e-4 * r["scale"] + 1e-6, r
+    for r in runs:  # exact to float32's rounding, plus float16's over steps passed in it
+        assert r["error"] <= 1e-4 * r["scale"] + 1e-6 + r["fp16_rounding"], r
 
 
 @pytest.mark.timeout(300)
