@@ -291,7 +291,8 @@ def regimes_markdown(records):
             "of the ceiling timed beside it where the job ran one configuration at a time), "
             "in brackets the ratio to the faster of Horovod fp32 and fp16 of the same job, the "
             "decision's choice (C: every tensor compressed, H: the largest, P: every tensor "
-            "passed, F: every tensor passed in float16), and the range of the rounds' fractions.\n\n" + "\n".join(lines))
+            "passed, F: every tensor passed in float16), and the range of the rounds' "
+            "fractions.\n\n" + "\n".join(lines))
 
 
 def regimes_plot(records, path):

@@ -218,8 +218,8 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
     every passed tensor): its steps are bit-equal to Horovod's own fp16 average of the ranks'
     gradients and send half of the float32 bytes; a step passing in float32 after it is the
     exact mean again, and in the float16 one after a compressed step the tensors that carry
-    memory go through hvdcomp's exact sum (fewer bytes left to Horovod). Ranks bit-identical. Not offered
-    under ``on_nonfinite='raise'`` (a float16 sum may overflow)."""
+    memory go through hvdcomp's exact sum (fewer bytes left to Horovod). Ranks bit-identical.
+    Not offered under ``on_nonfinite='raise'`` (a float16 sum may overflow)."""
     res = results(run(4, "decision.py", "marsit", 0.05, "half", env=MEASURE, timeout=240))
     assert sorted(res) == list(range(4))
     ours = res[0]
