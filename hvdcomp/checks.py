@@ -285,6 +285,23 @@ def verdict(entries, statuses, who, step, on_nonfinite, rank):
         f"GradScaler, or on_nonfinite='skip' to return zeros) (raised on rank {rank})")
 
 
+def same_dense_size(sizes, who, step, rank):
+    """Raise ``RankMismatchError`` on every rank where the ranks' uncompressed sums of a step
+    would differ in size (``sizes``: every rank's element count, gathered): a float ring of
+    other sizes fails on some ranks and leaves the others waiting for ever. The names, shapes
+    and settings are agreed before, so this is hvdcomp's own state differing between ranks
+    (e.g. an error-feedback memory carried on some ranks only), caught before anything is
+    sent; the step is abandoned, its state rolled back."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if (sizes == sizes[0]).all():
+        return
+    each = ", ".join(f"rank {r}: {int(n):,}" for r, n in enumerate(sizes))
+    raise RankMismatchError(
+        f"{who}: the uncompressed sum of step {step} would have different sizes on the ranks "
+        f"({each} elements): hvdcomp's state differs between ranks (a bug; please report it). "
+        f"Nothing was sent or applied and the state is unchanged (raised on rank {rank})")
+
+
 def placeholder_values(world_rank):
     """What a rank sends through Horovod's allreduce in place of a gradient: ``[1, 1 + rank]``
     (``rank``: its MPI world rank). Over ranks R (the world or the process set), op=Average

@@ -411,18 +411,24 @@ class StepEngine:
         small = [e for e in live if e.dense and not e.by_horovod]
         rescaled = unscale(live, self.scale)
         passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
-        self.atypical = (not self.aside and carry_memories(self, ctx, passed)) or self.atypical
+        carried = not self.aside and carry_memories(self, ctx, passed)
+        self.atypical = carried or self.atypical
         n = self.method.n_scalars
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
             scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
                                  else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
         bad = []
-        if big or agreed.flagged:  # else every status is OK everywhere and nothing is to send
+        # else every status is OK everywhere, nothing is to send and the dense sum is the
+        # gradients' own sizes, agreed (a carried memory may add to it: checked too)
+        if big or agreed.flagged or carried:
+            dense = sum(math.prod(e.work.shape) for e in small if e.status == checks.OK)
             gathered = ctx.allgather_array(
-                np.concatenate([[e.status for e in entries], scalars.reshape(-1)]))
+                np.concatenate([[e.status for e in entries], scalars.reshape(-1), [dense]]))
             statuses = gathered[:, :len(entries)].astype(np.int64)
             bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite, ctx.rank)
+            if not bad:
+                checks.same_dense_size(gathered[:, -1], name, self.step, ctx.rank)
         if bad:
             if ctx.rank == 0:
                 report_nonfinite(self, [(r, entries[i].key) for r, i in bad])
@@ -436,7 +442,7 @@ class StepEngine:
         reduced = {e.key: unapplied(e, e.work, False, self.on_nonfinite) for e in absent}
         aside = send_messages(self, passed) if self.aside else ()
         if big:
-            all_scalars = gathered[:, len(entries):].reshape(ctx.size, len(big), n)
+            all_scalars = gathered[:, len(entries):-1].reshape(ctx.size, len(big), n)
             reduced.update(zip((e.key for e in big),
                                self.method.reduce(Batch(self, ctx, big), all_scalars)))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))

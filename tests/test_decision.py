@@ -242,6 +242,23 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
     assert steps[6]["horovod_bytes"] < fp32_bytes, steps[6]  # the carried ones by hvdcomp
 
 
+def test_ranks_whose_uncompressed_sums_would_differ_in_size_all_raise_instead_of_hanging():
+    """A per-rank state that should be alike and is not (here: rank 0 made to carry its memory
+    into the gradient while the others send ``[g, e]``, as PowerSGD's node stages did before
+    session 46) gives the ranks' float rings other sizes; hvdcomp checks the sizes in the step's
+    all-gather and every rank raises ``RankMismatchError`` naming them, nothing applied (the
+    step number unchanged, parameters still bit-identical), where before some ranks failed in
+    MPI and the others waited for ever."""
+    res = results(run(4, "decision.py", "marsit", 0.003, "unlike",
+                      env={"HVDCOMP_DECISION": "compress"}, timeout=240))
+    assert sorted(res) == list(range(4))
+    for r in res.values():
+        assert r["raised"] and r["raised"].startswith("RankMismatchError"), r
+        assert "different sizes on the ranks" in r["raised"], r
+        assert r["step"] == res[0]["step"] == 14, r  # ADAM_COMPRESSED steps, the 15th dropped
+        assert r["digest"] == res[0]["digest"]
+
+
 @pytest.mark.parametrize("name", ["marsit", "topk"])
 def test_under_adamw_a_passed_tensor_carries_its_memory_into_the_momentum_not_the_gradient(name):
     """Under the user's AdamW, a tensor passed after compressed steps (its memory kept of the

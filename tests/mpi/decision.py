@@ -3,7 +3,8 @@ hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
 Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry', 'aside' (with
-'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``) or 'half'.
+'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``), 'half' or 'unlike' (see
+``adam_carry``).
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -252,7 +253,13 @@ def resume_pass():
 ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
 
 
-def adam_carry():
+def adam_carry(unlike=False):
+    """See the module docstring; ``unlike``: rank 0 alone carries its memory into the gradient
+    (``FollowAdam.carry`` as the plain one, the others send ``[g, e]``): the ranks' uncompressed
+    sums differ in size, and every rank reports the error it raised."""
+    if unlike and hvd.rank() == 0:
+        from hvdcomp import preconditioning
+        preconditioning.FollowAdam.carry = lambda self, carry, store, entry: carry(store, entry)
     comp_arg = compression_for(name)
     torch.manual_seed(0)
     model = make_model()
@@ -272,6 +279,14 @@ def adam_carry():
     grads = mean_over_ranks(local_gradients(model, ADAM_COMPRESSED))
     memory = mean_over_ranks(memory_of(comp, sizes))
     comp.decision.current = -1  # pass every tensor from this step on
+    if unlike:
+        try:
+            step(model, opt, ADAM_COMPRESSED)
+            raised = None
+        except Exception as exc:  # noqa: BLE001 - reported
+            raised = f"{type(exc).__name__}: {exc}"
+        report(rank=hvd.rank(), raised=raised, step=comp.engine.step, digest=digest(model))
+        return
     step(model, opt, ADAM_COMPRESSED)
     out = {}
     for n, p in params.items():
@@ -390,4 +405,4 @@ def aside():
 
 
 {"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
- "aside": aside, "half": half}[mode]()
+ "aside": aside, "half": half, "unlike": lambda: adam_carry(unlike=True)}[mode]()
