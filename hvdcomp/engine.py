@@ -418,17 +418,11 @@ class StepEngine:
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
             scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
                                  else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
-        bad = []
+        bad, all_scalars = [], None
         # else every status is OK everywhere, nothing is to send and the dense sum is the
         # gradients' own sizes, agreed (a carried memory may add to it: checked too)
         if big or agreed.flagged or carried:
-            dense = sum(math.prod(e.work.shape) for e in small if e.status == checks.OK)
-            gathered = ctx.allgather_array(
-                np.concatenate([[e.status for e in entries], scalars.reshape(-1), [dense]]))
-            statuses = gathered[:, :len(entries)].astype(np.int64)
-            bad = checks.verdict(entries, statuses, name, self.step, self.on_nonfinite, ctx.rank)
-            if not bad:
-                checks.same_dense_size(gathered[:, -1], name, self.step, ctx.rank)
+            bad, all_scalars = gather_checked(self, ctx, entries, small, scalars)
         if bad:
             if ctx.rank == 0:
                 report_nonfinite(self, [(r, entries[i].key) for r, i in bad])
@@ -442,7 +436,6 @@ class StepEngine:
         reduced = {e.key: unapplied(e, e.work, False, self.on_nonfinite) for e in absent}
         aside = send_messages(self, passed) if self.aside else ()
         if big:
-            all_scalars = gathered[:, len(entries):-1].reshape(ctx.size, len(big), n)
             reduced.update(zip((e.key for e in big),
                                self.method.reduce(Batch(self, ctx, big), all_scalars)))
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
@@ -524,6 +517,23 @@ def send_messages(engine, passed):
         e.work, new_state = stepaside.message(engine.method, e.work, e.key, engine.store)
         engine.store.put(e.key, new_state)
     return live
+
+
+def gather_checked(engine, ctx, entries, small, scalars):
+    """Steps 4-5 of the module docstring for ``engine``'s batch ``entries``: one all-gather of
+    every entry's status, the method's ``scalars`` (per compressed entry) and the element count
+    of this rank's uncompressed sum (``small``'s working arrays); ``checks.verdict`` on the
+    statuses (raises, or returns the non-finite ``(rank, entry index)`` pairs), then, where
+    none is, ``checks.same_dense_size``. Returns ``(bad, every rank's scalars)``."""
+    name, step = engine.method.name, engine.step
+    dense = sum(math.prod(e.work.shape) for e in small if e.status == checks.OK)
+    gathered = ctx.allgather_array(
+        np.concatenate([[e.status for e in entries], scalars.reshape(-1), [dense]]))
+    statuses = gathered[:, :len(entries)].astype(np.int64)
+    bad = checks.verdict(entries, statuses, name, step, engine.on_nonfinite, ctx.rank)
+    if not bad:
+        checks.same_dense_size(gathered[:, -1], name, step, ctx.rank)
+    return bad, gathered[:, len(entries):-1].reshape((ctx.size,) + scalars.shape)
 
 
 def carry_memories(engine, ctx, passed):
