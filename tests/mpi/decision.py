@@ -50,7 +50,7 @@ from torch_common import (batch, build, compression_for, compressor_object, dige
                           identical_across_ranks, load_digits_split, make_model)
 
 name, lr, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-STEPS, MIN_SAVE, MAX_SAVE, AFTER = 22, 14, 40, 4
+STEPS, MIN_SAVE, MAX_SAVE, AFTER = 32, 14, 40, 4
 hvd.init()
 (xtr, ytr), _ = load_digits_split(0)
 world = MPI.COMM_WORLD
