@@ -60,15 +60,18 @@ same threshold, applied from the next step on):
   below ``1 - band`` times it becomes the new reference without a probe, the others' medians
   scaled alike: the choice got faster (its probe's steps came right after another candidate's,
   or were among the first: Horovod negotiates a tensor's first allreduces), which makes no
-  other candidate better; a later rise is then measured from there. The
-  revisits are also spaced so that a probe's cost stays within ``budget`` of the time the
-  exchange takes: where the last probe's other candidates cost E seconds more than the choice
-  would have, the next revisit comes no sooner than E / (budget x the choice's median) steps
-  (up to 16 x ``revisit``), where the choice was clear (every other candidate's median over
-  ``1 + abort`` times the choice's; after a close choice, which noise may have decided, the
-  regular revisits). Where passing wins by far
-  (a fast wire: compressing steps cost several times a passed one), a 660-step run then probes
-  once instead of three times.
+  other candidate better; a later rise is then measured from there.
+- *light and full revisits*: a candidate whose median was within ``1 + abort`` times the
+  choice's is *close* (noise may have decided between them, and probing it costs little); the
+  others are *far*. The regular revisits run the choice and the close candidates only (a light
+  probe; the far ones keep their medians). A full probe, every candidate, comes on a drift, or
+  when it costs at most ``budget`` of the time the exchange takes: where the far candidates of
+  the last full probe cost E seconds more than the choice would have, no sooner than
+  E / (budget x the choice's median) steps after it (and after the regular interval; up to
+  16 x ``revisit``). A light probe whose choice is no faster than a far candidate was (by
+  ``margin``) is followed by a full one. So where passing wins by far (a fast wire: compressing
+  steps cost several times a passed one) and float16 passing is close to it, a 660-step run
+  probes the compressing candidates once.
 
 Modes: ``'measure'`` (the default), ``'compress'`` (always the first candidate: what the method
 compresses; for benchmarks and tests), ``'pass'`` (always the last). Where the result is the
@@ -135,6 +138,8 @@ class Decision:
         self.round = "screen"  # probe: 'screen' (one sample each) or 'refine' (the finalists)
         self.chosen = None  # the candidate the last probe chose
         self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
+        self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
+        self.light = False  # whether the probe under way runs the close candidates only
 
     @property
     def threshold(self):
@@ -193,18 +198,28 @@ class Decision:
                 self.seen = 0
             return
         self.seen += steps  # quiet steps ran the candidate in force: they settle it too
+        self.steps += steps
         if self.phase == "hold":
             self._hold(window, speak)
         elif self.seen > self.settle:
             self._probe(window, speak)
 
-    def _begin_probe(self):
+    def _begin_probe(self, light=False):
         """A probe's screen round: the candidate in force first (it needs no settling), then
-        the others, most compression first."""
-        others = [i for i in range(len(self.thresholds)) if i != self._index()]
-        self.queue, self.round = [self._index()] + others, "screen"
-        self.taken, self.medians, self.spreads = {}, {}, {}
+        the others, most compression first; a ``light`` one only those the last probe found
+        close to the choice (``_close``), the others' medians kept."""
+        others = [i for i in (self._close() if light else range(len(self.thresholds)))
+                  if i != self._index()]
+        self.queue, self.round, self.light = [self._index()] + others, "screen", light
+        self.taken = {}
+        if not light:
+            self.medians, self.spreads = {}, {}
         self.seen = self.settle  # the first window observed is the candidate in force's
+
+    def _close(self):
+        """The candidates other than the choice whose median is within ``1 + abort`` of its."""
+        return [i for i, m in self.medians.items()
+                if i != self.chosen and m <= (1 + self.abort) * self.medians[self.chosen]]
 
     def _index(self):
         return self.current % len(self.thresholds)
@@ -231,31 +246,36 @@ class Decision:
             self.medians[i] = float(np.median(w))
             self.spreads[i] = (max(w) - min(w)) / self.medians[i]
         self.queue, self.windows, self.seen = None, [], 0
-        chosen = max(self.medians)  # the least compression first: ties pass
-        for i in sorted(self.medians, reverse=True):
+        chosen = max(self.taken)  # the least compression first: ties pass
+        for i in sorted(self.taken, reverse=True):
             if self.medians[i] < self.medians[chosen] * (1 - self.margin):
                 chosen = i
         stands = chosen == self.chosen
-        self.interval = min(max(2 * self.interval if stands else self.revisit,
-                                self._affordable(chosen)), 16 * self.revisit)
+        regular = 2 * self.interval if stands else self.revisit
         self.switches += not stands and self.chosen is not None
         self.chosen = self.current = chosen
         self.phase = "hold"
+        if self.light:  # the far candidates' medians are the last full probe's
+            stale = [m for i, m in self.medians.items() if i not in self.taken]
+            if stale and self.medians[chosen] >= (1 - self.margin) * min(stale):
+                self.full_due = self.steps  # one of those may now be faster: a full probe
+        else:
+            self.full_due = self.steps + min(max(regular, self._affordable(chosen)),
+                                             16 * self.revisit)
+        self.interval = regular if self._close() else self.full_due - self.steps
         if speak:
             log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
                      ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
                                for i, m in sorted(self.medians.items())))
 
     def _affordable(self, chosen):
-        """The steps after which a probe like the last one costs ``budget`` of the exchange:
-        each other candidate ran its samples and ``settle`` steps at its mean. Only after a
-        clear choice (every other candidate's median over ``1 + abort`` times the choice's);
-        after a close one (noise may have decided it), 0: the regular revisits."""
-        if any(m <= (1 + self.abort) * self.medians[chosen]
-               for i, m in self.medians.items() if i != chosen):
-            return 0
+        """The steps after which a full probe like the last one costs ``budget`` of the
+        exchange: each far candidate (a median over ``1 + abort`` times the choice's) ran its
+        samples and ``settle`` steps at its mean. The close ones are probed at the regular
+        revisits (light probes: noise may have decided between them, and they cost little)."""
+        close = self._close() + [chosen]
         extra = sum((float(np.mean(w)) - self.medians[chosen]) * (len(w) + self.settle)
-                    for i, w in self.taken.items() if i != chosen)
+                    for i, w in self.taken.items() if i not in close)
         return math.ceil(max(extra, 0.0) / (self.budget * self.medians[chosen]) - 1e-6)
 
     def _hold(self, window, speak):
@@ -269,13 +289,15 @@ class Decision:
         rival = min((m for i, m in self.medians.items() if i != self.chosen), default=math.inf)
         now = ratio * self.medians[self.chosen]
         drifted = ratio > 1 + band and now >= (1 - self.margin) * rival
-        if drifted or self.seen >= self.interval:
+        full = drifted or self.steps >= self.full_due
+        if full or self.seen >= self.interval:
             if speak:
-                log.info("compress-or-pass: probing again (%s)", "the step time drifted"
-                         if drifted else f"{self.seen} steps since the choice")
+                log.info("compress-or-pass: probing again (%s%s)", "the step time drifted"
+                         if drifted else f"{self.seen} steps since the choice",
+                         "" if full else "; the close candidates only")
             # The chosen candidate, in force, is probed first; it stays unless another wins.
             self.phase = "probe"
-            self._begin_probe()
+            self._begin_probe(light=not full)
 
     def passes_all(self):
         """Whether every tensor is passed, and stays so until the next observation (in a probe
@@ -299,7 +321,8 @@ class Decision:
                 "switches": self.switches}
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
-             "chosen", "interval", "switches", "taken", "queue", "round")
+             "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
+             "light")
 
     def state(self):
         """Plain values for a checkpoint."""
@@ -315,6 +338,8 @@ class Decision:
                 setattr(self, name, copy.deepcopy(saved[name]))
         if "round" not in saved and self.phase == "probe":
             self.queue = None  # saved mid-probe by a version without rounds: probe again
+        if "full_due" not in saved:  # saved before light probes: the next revisit is full
+            self.full_due = self.interval - self.seen
 
 
 def _name(threshold):

@@ -140,6 +140,31 @@ def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
     assert d.threshold == NEVER and d.interval == 200
 
 
+def test_close_candidates_are_revisited_regularly_and_far_ones_within_the_budget():
+    """Passing (10 ms) and compressing the largest tensors (12 ms) are close, compressing every
+    tensor (50 ms) is far: the regular revisits (200 steps, doubling) run the close pair only
+    (light probes), and the far candidate runs again only once a full probe costs at most the
+    1% budget: its 2 steps x 40 ms over the choice, every 800 steps."""
+    times = {NEVER: 0.010, 16384: 0.012, 1024: 0.050}
+    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    feed(d, (12, lambda t, i: times[t]))
+    assert d.phase == "hold" and d.threshold == NEVER
+    assert d.interval == 200 and d.full_due - d.steps == 800
+    seen = feed(d, (780, lambda t, i: times[t]))
+    assert 1024 not in seen and 16384 in seen  # light probes only
+    seen = feed(d, (120, lambda t, i: times[t]))
+    assert 1024 in seen and d.threshold == NEVER  # the full probe
+    # The wire slows as a light probe begins (passing and the close candidate, 60 ms): the
+    # probe finds the choice no faster than the far candidate was, and a full probe follows.
+    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    feed(d, (12, lambda t, i: times[t]))
+    slow = {NEVER: 0.060, 16384: 0.060, 1024: 0.050}
+    feed(d, (200, lambda t, i: times[t]))
+    assert d.phase == "probe" and d.queue == [d._index()] + d._close()  # the light probe
+    seen = feed(d, (40, lambda t, i: slow[t]))
+    assert 1024 in seen and d.threshold == 1024
+
+
 def test_noise_within_the_band_keeps_the_choice_and_a_drift_probes_again():
     d = Decision("measure", 1024, drift=0.25, revisit=10_000)
     noisy = [0.010, 0.012, 0.009, 0.011]
