@@ -104,8 +104,8 @@ def mpi_env():
 def launch(args, task, runs, out, cluster_rate=None):
     """Run ``runs`` ([(method, seed, scale)]) of one task in a single launch of
     benchmarks/convergence_ranks.py (horovodrun on this machine, or ``cluster.sh run`` on the
-    emulated cluster, 2 hosts x 2 ranks, when ``cluster_rate`` names its link rate: then results
-    go to ``raw-<rate>/``); return one record per run (``error`` set if it is missing)."""
+    emulated cluster, 2 hosts x 2 ranks, when ``cluster_rate`` names its link rate, with
+    ``-<round>`` after the first timing round: then results go to ``raw-<cluster_rate>/``); return one record per run (``error`` set if it is missing)."""
     from convergence_ranks import tag_of
     spec = TASKS[task]
     python = sys.executable
@@ -233,23 +233,31 @@ def aggregate(records, tasks, methods, scales):
 
 
 def step_times(timing, task, rate):
-    """method -> seconds per training step of the ``task`` runs timed at link ``rate``."""
-    return {r["method"]: r["summary"]["seconds"] / r["summary"]["steps"] for r in timing
-            if r["task"] == task and r.get("rate") == rate and "error" not in r}
+    """method -> seconds per training step of the ``task`` runs timed at link ``rate``, one per
+    round (``--timing-rounds``)."""
+    found = {}
+    for r in timing:
+        if r["task"] == task and r.get("rate") == rate and "error" not in r:
+            found.setdefault(r["method"], []).append(r["summary"]["seconds"] / r["summary"]["steps"])
+    return found
 
 
 def add_times(rows, timing, rates):
-    """Put on each row, per link rate, its step time, the time to the baseline's final quality
-    (steps to it x step time) and that time as a multiple of Horovod none's and fp16's; and on
-    every row of a task the regime r = (none's step - the ceiling's) / the ceiling's step."""
+    """Put on each row, per link rate, its step time (the median over the timing rounds, and
+    each round's), the time to the baseline's final quality (steps to it x step time) and that
+    time as a multiple of Horovod none's and fp16's; and on every row of a task the regime
+    r = (none's step - the ceiling's) / the ceiling's step."""
     for rate in rates:
         for task in dict.fromkeys(r["task"] for r in rows):
-            step = step_times(timing, task, rate)
+            rounds = step_times(timing, task, rate)
+            step = {m: statistics.median(ts) for m, ts in rounds.items()}
             task_rows = [r for r in rows if r["task"] == task]
             reach = {}
             for row in task_rows:
                 t = step.get(row["method"])
                 row.setdefault("times", {})[rate] = times = {"step_s": t}
+                if len(rounds.get(row["method"], ())) > 1:
+                    times["step_rounds_s"] = rounds[row["method"]]
                 if t is not None and row.get("steps_to_baseline") is not None:
                     reach[row["method"]] = times["to_baseline_s"] = row["steps_to_baseline"] * t
                 if "ceiling" in step and t:
@@ -287,8 +295,11 @@ def time_table(rows, rates):
                      f"{reach} / {r['steps']}" if reach is not None else f"not reached / {r['steps']}"]
             for rate in rates:
                 t = r["times"][rate]
+                spread = t.get("step_rounds_s")
                 cells.append("" if t["step_s"] is None else
-                             f"{1e3 * t['step_s']:.1f} ({100 * t.get('of_ceiling', math.nan):.0f}%)")
+                             f"{1e3 * t['step_s']:.1f} ({100 * t.get('of_ceiling', math.nan):.0f}%)"
+                             + (f" [{1e3 * min(spread):.1f}-{1e3 * max(spread):.1f}]"
+                                if spread else ""))
                 cells.append(f"{t['to_baseline_s']:.1f} s ({t.get('x_none', math.nan):.2f}x, "
                              f"{t.get('x_fp16', math.nan):.2f}x)" if "to_baseline_s" in t else "-")
             lines.append("| " + " | ".join(cells) + " |")
@@ -298,30 +309,38 @@ def time_table(rows, rates):
 
 def on_cluster(args, tasks, methods, rates, out):
     """Time one seed of every (task, method) and of the compute ceiling at each link rate on the
-    emulated cluster (benchmarks/cluster.sh; root); the records carry ``rate``. Runs already in
-    ``out/raw-<rate>/`` (an earlier call with the same --out) are read, not run again."""
+    emulated cluster (benchmarks/cluster.sh; root), ``--timing-rounds`` times: a round runs every
+    task and method once, so the machine's drift falls on every method alike. The records carry
+    ``rate`` and ``round``; round k > 1 is saved in ``out/raw-<rate>-<k>/``, the first in
+    ``out/raw-<rate>/``. Runs already there (an earlier call with the same --out) are read, not
+    run again."""
     from convergence_ranks import tag_of
     every = [*methods, "ceiling"]
+    labels = {rate: [rate] + [f"{rate}-{k}" for k in range(2, args.timing_rounds + 1)]
+              for rate in rates}
 
-    def path(task, method, rate):
-        return os.path.join(out, f"raw-{rate}", tag_of(task, method, 0, None) + ".json")
-    todo = {(task, rate): [m for m in every if not os.path.exists(path(task, m, rate))]
-            for task in tasks for rate in rates}
+    def path(task, method, label):
+        return os.path.join(out, f"raw-{label}", tag_of(task, method, 0, None) + ".json")
+    todo = {(task, label): [m for m in every if not os.path.exists(path(task, m, label))]
+            for task in tasks for rate in rates for label in labels[rate]}
     if any(todo.values()):
         subprocess.run([CLUSTER, "down"], capture_output=True)
         subprocess.run([CLUSTER, "up", "2", rates[0]], check=True)
         try:
             for rate in rates:
                 subprocess.run([CLUSTER, "rate", rate], check=True)
-                for task in tasks:
-                    if todo[task, rate]:
-                        launch(args, task, [(m, 0, None) for m in todo[task, rate]], out,
-                               cluster_rate=rate)
+                for label in labels[rate]:
+                    for task in tasks:
+                        if todo[task, label]:
+                            launch(args, task, [(m, 0, None) for m in todo[task, label]], out,
+                                   cluster_rate=label)
         finally:
             subprocess.run([CLUSTER, "down"], capture_output=True)
-    return [{**read_run(path(task, m, rate), {"task": task, "method": m, "seed": 0,
-                                              "scale": None}, "no result"), "rate": rate}
-            for rate in rates for task in tasks for m in every]
+    return [{**read_run(path(task, m, label), {"task": task, "method": m, "seed": 0,
+                                               "scale": None}, "no result"),
+             "rate": rate, "round": k + 1}
+            for rate in rates for k, label in enumerate(labels[rate]) for task in tasks
+            for m in every]
 
 
 def fmt_bytes(b):
@@ -449,6 +468,9 @@ def main(argv=None):
                     help="also time one seed of every run, and the compute ceiling, on the "
                          "emulated cluster at these link rates (e.g. 1gbit,20mbit; root): the "
                          "time-to-accuracy table")
+    ap.add_argument("--timing-rounds", type=int, default=1, metavar="N",
+                    help="with --link-rates: time every run N times, in turn (the step time is "
+                         "the median; the table shows the range)")
     ap.add_argument("--out", default=None, help="default: results/convergence/<stamp>")
     ap.add_argument("--from", dest="from_dirs", default=None, metavar="DIR[,DIR]",
                     help="run nothing: rebuild table and curves from earlier outputs' raw/*.json")
@@ -501,7 +523,7 @@ def main(argv=None):
     if not ok:
         raise SystemExit("no results")
     timing = {"total_s": total, "runs": len(records), "launches": launches,
-              "cluster_runs": [{k: r[k] for k in ("task", "method", "rate")} | (
+              "cluster_runs": [{k: r[k] for k in ("task", "method", "rate", "round")} | (
                   {"step_s": r["summary"]["seconds"] / r["summary"]["steps"]} if "summary" in r
                   else {"error": r["error"]}) for r in timing],
               "mean_run_s": statistics.fmean([r["wall"] for r in ok] or [math.nan]),
