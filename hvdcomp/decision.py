@@ -48,7 +48,11 @@ same threshold, applied from the next step on):
   faster one could be dropped: where passing wins, the compressing candidates, which come first,
   would run every sample at their slow speed). The choice is the fastest median;
   a candidate that compresses more must beat one that compresses less by ``margin`` (a tie goes
-  to the exact sum: equal time, better gradients).
+  to the exact sum: equal time, better gradients). Where a finalist's median is closer to the
+  choice's than half the range of either one's samples (noise may have decided: a loaded
+  machine, the first steps after a switch), the two (or more) take ``samples`` more each, up to
+  ``retakes`` times, and the choice is made again on all of their samples; such candidates are
+  close, so the extra samples cost little.
 - *hold*: the chosen candidate's last ``2 samples`` windows are watched; their median rising
   above ``1 + band`` times the median it was chosen at, where ``band`` is the larger of
   ``drift`` and twice the spread its probe saw ((max - min) / median: the noise), to within
@@ -121,10 +125,10 @@ class Decision:
     agreed one."""
 
     def __init__(self, mode, min_numel, samples=3, settle=1, abort=0.5, margin=0.05,
-                 drift=0.25, revisit=200, budget=0.01):
+                 drift=0.25, revisit=200, budget=0.01, retakes=2):
         self.mode, self.min_numel = mode, min_numel
         self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
-        self.drift, self.revisit, self.budget = drift, revisit, budget
+        self.drift, self.revisit, self.budget, self.retakes = drift, revisit, budget, retakes
         self.thresholds = None  # the candidates, fixed at the first step with sizes
         # index into thresholds (-1: NEVER); a probe starts passing (the cheapest candidate to
         # time: quiet steps; the first steps negotiate Horovod's allreduces anyway)
@@ -140,6 +144,7 @@ class Decision:
         self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
         self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
         self.light = False  # whether the probe under way runs the close candidates only
+        self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
 
     @property
     def threshold(self):
@@ -228,7 +233,7 @@ class Decision:
         if self.queue is None:
             self._begin_probe()
         self.taken.setdefault(self._index(), []).append(window)
-        wanted = 1 if self.round == "screen" else self.samples
+        wanted = 1 if self.round == "screen" else self.samples * (1 + self.extra)
         if len(self.taken[self._index()]) < wanted:
             return
         self.queue.pop(0)
@@ -250,6 +255,14 @@ class Decision:
         for i in sorted(self.taken, reverse=True):
             if self.medians[i] < self.medians[chosen] * (1 - self.margin):
                 chosen = i
+        rivals = self._within_noise(chosen)
+        if rivals and self.extra < self.retakes:  # noise may have decided: more samples
+            self.extra += 1
+            self.queue = sorted([chosen, *rivals], key=lambda i: i != self._index())
+            self.seen = self.settle if self.queue[0] == self._index() else 0
+            self.current, self.phase = self.queue[0], "probe"
+            return
+        self.extra = 0
         stands = chosen == self.chosen
         regular = 2 * self.interval if stands else self.revisit
         self.switches += not stands and self.chosen is not None
@@ -267,6 +280,15 @@ class Decision:
             log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
                      ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
                                for i, m in sorted(self.medians.items())))
+
+    def _within_noise(self, chosen):
+        """The finalists other than ``chosen`` whose median is closer to its than half the
+        range (max - min) of either one's samples."""
+        def half_range(i):
+            return (max(self.taken[i]) - min(self.taken[i])) / 2
+        return [i for i, w in self.taken.items() if i != chosen and len(w) >= self.samples
+                and abs(self.medians[i] - self.medians[chosen])
+                < max(half_range(i), half_range(chosen))]
 
     def _affordable(self, chosen):
         """The steps after which a full probe like the last one costs ``budget`` of the
@@ -322,7 +344,7 @@ class Decision:
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
              "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
-             "light")
+             "light", "extra")
 
     def state(self):
         """Plain values for a checkpoint."""

@@ -140,6 +140,26 @@ def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
     assert d.threshold == NEVER and d.interval == 200
 
 
+def test_finalists_within_the_noise_of_their_samples_take_more_before_the_choice():
+    """Passing and compressing the largest tensors alternate between 8 and 14 ms, and 9 and
+    13 ms (their medians closer than half their ranges): they take up to ``retakes`` more rounds
+    of samples before the choice. Steady ones (10 and 11.5 ms) take none."""
+    def probe(times):
+        d = Decision("measure", 1024, samples=3, retakes=2)
+        seen = feed(d, (60, times))
+        assert d.phase == "hold" and d.extra == 0
+        return d, seen
+
+    steady = {NEVER: 0.010, 16384: 0.0115, 1024: 0.05}
+    d, seen = probe(lambda t, i: steady[t])
+    quiet_len = max(k for k, t in enumerate(seen) if t == 16384)
+    assert d.threshold == NEVER and len(d.taken[1]) == 3
+    noisy = {NEVER: (0.008, 0.014), 16384: (0.009, 0.013)}
+    d, seen = probe(lambda t, i: noisy[t][i % 2] if t in noisy else 0.05)
+    assert len(d.taken[1]) == 9 and len(d.taken[2]) == 9  # two more rounds each
+    assert max(k for k, t in enumerate(seen) if t == 16384) > quiet_len + 6
+
+
 def test_close_candidates_are_revisited_regularly_and_far_ones_within_the_budget():
     """Passing (10 ms) and compressing the largest tensors (12 ms) are close, compressing every
     tensor (50 ms) is far: the regular revisits (200 steps, doubling) run the close pair only
