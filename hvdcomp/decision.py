@@ -244,8 +244,7 @@ class Decision:
             self.queue = sorted(finalists, key=lambda i: i != self._index())
             self.round = "refine"
         if self.queue:
-            self.seen = self.settle if self.queue[0] == self._index() else 0
-            self.current = self.queue[0]
+            self._run_next()
             return
         for i, w in self.taken.items():
             self.medians[i] = float(np.median(w))
@@ -259,8 +258,7 @@ class Decision:
         if rivals and self.extra < self.retakes:  # noise may have decided: more samples
             self.extra += 1
             self.queue = sorted([chosen, *rivals], key=lambda i: i != self._index())
-            self.seen = self.settle if self.queue[0] == self._index() else 0
-            self.current, self.phase = self.queue[0], "probe"
+            self._run_next()
             return
         self.extra = 0
         stands = chosen == self.chosen
@@ -280,6 +278,11 @@ class Decision:
             log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
                      ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
                                for i, m in sorted(self.medians.items())))
+
+    def _run_next(self):
+        """Put the queue's first candidate in force; it settles unless it is in force."""
+        self.seen = self.settle if self.queue[0] == self._index() else 0
+        self.current = self.queue[0]
 
     def _within_noise(self, chosen):
         """The finalists other than ``chosen`` whose median is closer to its than half the
