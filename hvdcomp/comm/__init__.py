@@ -1,12 +1,13 @@
-"""hvdcomp's own MPI traffic (mpi4py): contexts, byte counting, and the ring all-reduce.
+"""hvdcomp's own MPI traffic (mpi4py): contexts, byte counting, the ring all-reduce
+and MPI's own sum.
 
 This layer moves and combines contiguous NumPy buffers; it knows nothing about which
 compression method produced them. Methods plug in through a per-hop ``combine`` function.
 """
 from hvdcomp.comm.context import (CommContext, existing_context, get_context, world_rank,
                                   world_size)
-from hvdcomp.comm.ring import mean_allreduce, ring_allreduce, sum_combine
+from hvdcomp.comm.ring import mean_allreduce, mpi_allreduce, ring_allreduce, sum_combine
 from hvdcomp.comm.stats import CommStats
 
 __all__ = ["CommContext", "existing_context", "get_context", "world_rank", "world_size",
-           "mean_allreduce", "ring_allreduce", "sum_combine", "CommStats"]
+           "mean_allreduce", "mpi_allreduce", "ring_allreduce", "sum_combine", "CommStats"]

@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from hvdcomp.algorithms.marsit import MarsitMerge
 from hvdcomp.backend import pack_signs, unpack_signs
-from hvdcomp.comm import context, get_context, ring_allreduce
+from hvdcomp.comm import context, get_context, mpi_allreduce, ring_allreduce
 from report import report
 
 ctx = get_context()
@@ -42,6 +42,16 @@ for max_msg in (1 << 30, 64):
             # Every rank sends 2 (size-1) chunks: at most 2 (size-1) * ceil(n/size) elements.
             bound = 2 * (size - 1) * -(-n // size) * x.itemsize
             assert moved.bytes_sent <= bound and moved.bytes_recv <= bound, (moved, bound)
+            # MPI's own sum, in pieces of MAX_MESSAGE_BYTES: MPI_Allreduce's bits, alike
+            # everywhere, counted as the ring's traffic
+            before = ctx.stats.snapshot()
+            summed = mpi_allreduce(ctx, x.copy())
+            moved = ctx.stats.since(before)
+            assert summed.tobytes() == want.tobytes() or max_msg == 64, (n, dtype)
+            assert np.allclose(summed, want, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-5), (n, dtype)
+            same_everywhere(summed)
+            assert moved.bytes_sent == 2 * (size - 1) * x.nbytes // size, (moved, n)
             checks += 1
 context.MAX_MESSAGE_BYTES = 1 << 30
 
