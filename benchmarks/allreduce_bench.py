@@ -169,7 +169,8 @@ class Run:
         rec = {"label": args.label, "rate_bps": args.rate_bps,
                "measured_bps": args.measured_bps, "ranks": size, "hosts": cross_size,
                "ranks_per_host": local_size, "elements": self.n, "method": self.method,
-               "status": self.status, "reps": len(self.times), "interleaved": True}
+               "status": self.status, "reps": len(self.times), "interleaved": True,
+               "columns": args.columns}
         if self.status != "ok" or not self.times:
             rec["status"] = self.status if self.status != "ok" else "error: no timed call"
             return rec

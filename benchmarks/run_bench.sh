@@ -7,8 +7,9 @@
 # rate in RATES (default "100mbit 1gbit 10gbit") re-shapes the links, measures one TCP stream
 # between two hosts (benchmarks/netprobe.py) and runs benchmarks/allreduce_bench.py on
 # HOSTS x PER_HOST ranks (default 2) over SIZES (default 1M,5M,25M elements) with REPS (default 3)
-# timed calls after one warm-up. Then writes, under results/bench-<time>/ (also results/latest):
-# raw.jsonl, train.jsonl (per-step training time of a transformer, benchmarks/train_step_bench.py;
+# timed calls after one warm-up (GRAD_COLUMNS: each gradient a matrix of that many columns, as
+# PowerSGD needs to compress it; default a vector). Then writes, under results/bench-<time>/
+# (also results/latest): raw.jsonl, train.jsonl (per-step training time of a transformer, benchmarks/train_step_bench.py;
 # TRAIN=0 skips it), netprobe.jsonl, table.md, results.csv, allreduce.png (benchmarks/report.py) and
 # cost_model.md (benchmarks/cost_model.py), and prints the table. The cluster is removed on exit,
 # also after a failure or Ctrl-C. About 10-15 minutes on a 2-core machine with the defaults.
@@ -42,6 +43,7 @@ for suf,m in (('gbit',1e9),('mbit',1e6),('kbit',1e3)):
     if s.endswith(suf): print(float(s[:-len(suf)])*m); break")
     "$CLUSTER" run --per-host "$PER_HOST" --timeout "$JOB_TIMEOUT" -- \
         "$PY" "$HERE/allreduce_bench.py" --sizes "$SIZES" ${METHODS:+--methods "$METHODS"} --reps "$REPS" \
+        ${GRAD_COLUMNS:+--columns "$GRAD_COLUMNS"} \
         --max-seconds 45 --label "$rate" --rate-bps "$rate_bps" --measured-bps "$measured" \
         --out "$OUT/raw.jsonl"
     if [ "${TRAIN:-1}" = 1 ]; then
