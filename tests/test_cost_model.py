@@ -1,0 +1,44 @@
+"""benchmarks/cost_model.py's fit and pooling (pure functions; no MPI)."""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import cost_model  # noqa: E402
+
+
+def test_fit_recovers_the_coefficients_of_exact_points_and_bounds_the_largest_error():
+    a, b, c, d = 1e-3, 1.2, 5e-9, 8e-3
+    rng = np.random.default_rng(0)
+    points = [(a * r + b * by / bw + c * n + d, r, by, bw, n)
+              for r, by, bw, n in zip(rng.integers(2, 60, 12), rng.uniform(1e5, 1e7, 12),
+                                      rng.choice([3.75e7, 1.25e8], 12), rng.uniform(1e6, 4e6, 12))]
+    coef, rel = cost_model.fit(points)
+    assert np.allclose(coef, [a, b, c, d], rtol=1e-3, atol=1e-9)
+    assert np.max(np.abs(rel)) < 1e-6
+    # one point 30% off: the largest error is shared out, not left on that point
+    noisy = [(t * (1.3 if i == 0 else 1.0), *rest) for i, (t, *rest) in enumerate(points)]
+    _, rel = cost_model.fit(noisy)
+    assert np.max(np.abs(rel)) < 0.3 / 1.3
+
+
+def test_pooled_points_take_the_median_of_the_runs_and_powersgd_vectors_are_left_out(tmp_path):
+    def rec(method, seconds, columns=0):
+        return {"method": method, "hosts": 2, "ranks_per_host": 2, "elements": 1000,
+                "rate_bps": 1e9, "status": "ok", "seconds": seconds, "columns": columns,
+                "link_bytes_per_host": 10.0 * seconds}
+    runs = [[rec("Marsit", 1.0), rec("PowerSGD", 5.0), rec("PowerSGD", 2.0, columns=10)],
+            [rec("Marsit", 3.0)], [rec("Marsit", 2.5)]]
+    paths = []
+    for i, run in enumerate(runs):
+        path = tmp_path / f"raw{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in run))
+        paths.append(str(path))
+    recs = {r["method"]: r for r in cost_model.load(paths)}
+    assert sorted(recs) == ["Marsit", "PowerSGD"]
+    assert recs["Marsit"]["seconds"] == 2.5 and recs["Marsit"]["runs"] == 3
+    assert recs["Marsit"]["link_bytes_per_host"] == 25.0
+    assert recs["PowerSGD"]["seconds"] == 2.0 and recs["PowerSGD"]["columns"] == 10
