@@ -7,10 +7,10 @@ matrix (``m`` the product of the other dimensions), on every rank r:
 
     M_r  = G_r + e_r          error compensation (e_r: this rank's memory, 0 at first)
     P_r  = M_r Q              n x rank; Q (m x rank) is the same on every rank
-    P    = mean_r P_r         one fused float32 ring all-reduce of every tensor's P
+    P    = mean_r P_r         one fused float32 all-reduce of every tensor's P (MPI's own)
     P^   = P with orthonormal columns (Gram-Schmidt, in column order, on the host)
     Q_r  = M_r^T P^           m x rank
-    Q    = mean_r Q_r         a second fused ring all-reduce
+    Q    = mean_r Q_r         a second fused all-reduce
     step = P^ Q^T             the mean's rank-r approximation, identical on every rank
     e_r  = M_r - step         the rank's new memory; Q is kept (warm start: the next step's
                               power iteration starts from it)
@@ -18,9 +18,12 @@ matrix (``m`` the product of the other dimensions), on every rank r:
 Q starts as standard normal numbers drawn from ``(seed, tensor name)``, so every rank starts with
 the same Q and then holds the same all-reduced Q. A tensor whose matrix has ``min(n, m) <= rank``
 (a vector, a thin matrix) is sent whole in the first all-reduce: its step is the exact mean and it
-keeps no memory. Both all-reduces are plain sums (allreduce-compatible: no custom merge).
+keeps no memory. Both all-reduces are plain sums (allreduce-compatible: no custom merge), so they
+are MPI's own (``hvdcomp.comm.mpi_allreduce``, as PyTorch's hook uses its backend's): identical
+on every rank, and for P and Q, a few kB per tensor, latency-bound, where MPI's recursive
+doubling takes about log2 P rounds and a ring 2 (P - 1), each a Python round trip here.
 
-Wire per rank and step: ``2 (size-1)/size * 4 * sum_t rank (n_t + m_t)`` bytes over two ring
+Wire per rank and step: about ``2 (size-1)/size * 4 * sum_t rank (n_t + m_t)`` bytes over two
 all-reduces. State per tensor: the memory ``e`` (``hvdcomp.feedback``) and Q under
 ``'<name>#q'``. Tensors on a device stay there for the matrix products (P and Q travel through
 the host). In node stages (``hvdcomp.hierarchical``, where nodes have several ranks) each
@@ -34,7 +37,7 @@ import numpy as np
 
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
-from hvdcomp.comm import mean_allreduce
+from hvdcomp.comm import mean_allreduce, mpi_allreduce
 from hvdcomp.method import Method
 
 Q_STATE = "#q"
@@ -106,12 +109,12 @@ class PowerSGD(Method):
             ps = [xp.to_host(a @ q) for a, q in zip(mats, qs)]
             whole = [xp.to_host(e.work) for e in batch.entries if not self._low_rank(e)]
         with batch.phase("comm"):
-            means = mean_allreduce(batch.ctx, ps + whole)
+            means = mean_allreduce(batch.ctx, ps + whole, allreduce=mpi_allreduce)
         p_hats = [xp.from_host(orthonormalise(p), a) for p, a in zip(means[:len(low)], mats)]
         with batch.phase("encode"):
             q_new = [xp.to_host(a.T @ p) for a, p in zip(mats, p_hats)]
         with batch.phase("comm"):
-            q_means = mean_allreduce(batch.ctx, q_new)
+            q_means = mean_allreduce(batch.ctx, q_new, allreduce=mpi_allreduce)
         steps, exact = {}, iter(means[len(low):])
         with batch.phase("decode"):
             for e, a, p, q in zip(low, mats, p_hats, q_means):

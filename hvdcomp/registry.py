@@ -163,7 +163,8 @@ class Expect:
     - ``invalid``: ``(argument, value)`` pairs the constructor refuses with a ValueError naming
       the argument.
     - ``traffic``: how bytes and message rounds grow with the world (benchmarks/cost_model.py):
-      ``"ring"``, ``"two-rings"``, ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"votes"``
+      ``"ring"``, ``"two-rings"`` (SketchFusion), ``"two-allreduces"`` (PowerSGD: MPI's own,
+      ``hvdcomp.comm.mpi_allreduce``), ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"votes"``
       (EF-signSGD, ``hvdcomp.comm.votes``).
     - ``state_suffixes``: state a method keeps per tensor beside its memory, under
       ``'<name><suffix>'`` (PowerSGD's ``'#q'``); ``state_keys`` lists what a checkpoint holds.
@@ -221,7 +222,7 @@ EXPECT = {
         ("seed", -1), ("fusion", "sometimes"), ("precondition", "sgd"))),
     # rank 4 on the digits model: 4 (n + m) floats per weight matrix, ~17x fewer bytes; a
     # vector (or any matrix with min(n, m) <= rank) is sent whole, exactly
-    "PowerSGD": Expect("identity", 10, traffic="two-rings", state_suffixes=("#q",),
+    "PowerSGD": Expect("identity", 10, traffic="two-allreduces", state_suffixes=("#q",),
                        exact_vectors=True,
                        one_rank_kwargs={"rank": 1 << 20}, test_kwargs={"rank": 2}, invalid=(
                            ("rank", 0), ("rank", 1.5), ("rank", "two")) + _COMMON_INVALID),
