@@ -44,7 +44,7 @@ import numpy as np
 
 from hvdcomp import checks, feedback, kernels, loss_scale, stepaside
 from hvdcomp.backend import xp
-from hvdcomp.comm import mean_allreduce, mpi_allreduce
+from hvdcomp.comm import mean_allreduce
 from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
@@ -607,14 +607,13 @@ def horovod_bytes(entries, ranks):
 
 def reduce_dense(ctx, entries, phase):
     """Mean over ranks of ``entries``' working arrays, fused and summed uncompressed (float32, or
-    float64 when any of them is float64) by one MPI all-reduce (``mpi_allreduce``: identical
-    on every rank, and faster than hvdcomp's ring for an exact sum)."""
+    float64 when any of them is float64) by one MPI all-reduce (``mean_allreduce``)."""
     if not entries:
         return []
     wide = any("float64" in e.dtype_name for e in entries)
     with phase("comm"):
         means = mean_allreduce(ctx, [xp.to_host(e.work) for e in entries],
-                               np.float64 if wide else np.float32, mpi_allreduce)
+                               np.float64 if wide else np.float32)
     return [xp.from_host(m, e.work) for m, e in zip(means, entries)]
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
-from hvdcomp.comm import mean_allreduce, mpi_allreduce
+from hvdcomp.comm import mean_allreduce
 from hvdcomp.method import Method
 
 Q_STATE = "#q"
@@ -109,12 +109,12 @@ class PowerSGD(Method):
             ps = [xp.to_host(a @ q) for a, q in zip(mats, qs)]
             whole = [xp.to_host(e.work) for e in batch.entries if not self._low_rank(e)]
         with batch.phase("comm"):
-            means = mean_allreduce(batch.ctx, ps + whole, allreduce=mpi_allreduce)
+            means = mean_allreduce(batch.ctx, ps + whole)
         p_hats = [xp.from_host(orthonormalise(p), a) for p, a in zip(means[:len(low)], mats)]
         with batch.phase("encode"):
             q_new = [xp.to_host(a.T @ p) for a, p in zip(mats, p_hats)]
         with batch.phase("comm"):
-            q_means = mean_allreduce(batch.ctx, q_new, allreduce=mpi_allreduce)
+            q_means = mean_allreduce(batch.ctx, q_new)
         steps, exact = {}, iter(means[len(low):])
         with batch.phase("decode"):
             for e, a, p, q in zip(low, mats, p_hats, q_means):

@@ -13,7 +13,8 @@ value; int64 indices when a batch has 2**31 elements or more):
   the ranks' sets pairwise over ceil(log2 size) rounds, each merge keeping per tensor the k_t
   largest |sums| of at most 2 k_t candidates (``TopKMerge``); the root's index set ``G`` is
   broadcast (4 bytes per index) and the complete sum of every rank's sent values at ``G`` is
-  formed by a ring all-reduce of |G| values. A rank sends at most about
+  formed by an all-reduce of |G| values (MPI's own, ``hvdcomp.comm.mpi_allreduce``). A rank
+  sends at most about
   ``8K + 4K ceil(log2 size) + 8K`` bytes: it grows like log(size).
 - ``path='allgather'``: every rank's set goes to every rank (``(size - 1) * 8K`` bytes sent per
   rank: linear in size); every rank sums all sets in rank order and keeps the exact top-k_t of
@@ -24,8 +25,8 @@ only in how ``G`` is chosen (approximate tree merge vs exact top-k of the full s
 extra all-reduce on the tree path: a merge may drop a rank's value at an index that still wins
 at the root through another subtree; applying the tree's own sums would lose that value, and
 the rank could not know that it must add it back. Results are bit-identical on every rank: the
-tree's ``G`` comes from one root, the values from the ring all-reduce (each sum formed once,
-then copied); the all-gather path is a deterministic function of the same gathered data on
+tree's ``G`` comes from one root, the values from MPI's all-reduce (identical on every rank, as
+MPI requires); the all-gather path is a deterministic function of the same gathered data on
 every rank.
 
 ``bidirectional=False`` is unidirectional Top-K: no second selection, the aggregate is the sum of
@@ -36,7 +37,7 @@ import numpy as np
 from hvdcomp import feedback, kernels, preconditioning, validate
 from hvdcomp.algorithms import topk as alg
 from hvdcomp.backend import xp
-from hvdcomp.comm import ring_allreduce
+from hvdcomp.comm import mpi_allreduce
 from hvdcomp.comm.sparse import allgather_sets
 from hvdcomp.comm.tree import tree_broadcast, tree_reduce
 from hvdcomp.method import Method
@@ -80,7 +81,7 @@ def exchange(ctx, sent, bounds, ks, path="tree", bidirectional=True):
             sums = np.zeros(gidx.size, dtype=val.dtype)
             hit = won(wire[0], gidx)
             sums[np.searchsorted(gidx, wire[0][hit])] = val[hit]
-            g = (gidx, ring_allreduce(ctx, sums))
+            g = (gidx, mpi_allreduce(ctx, sums))
         else:
             g = tree_broadcast(ctx, root_set, [idt, val.dtype])
     else:

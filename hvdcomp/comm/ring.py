@@ -1,4 +1,7 @@
-"""Ring all-reduce over a contiguous 1-D NumPy buffer with a pluggable per-hop combine.
+"""All-reduces of contiguous 1-D NumPy buffers: a ring with a pluggable per-hop combine, for the
+merges MPI cannot do (Marsit's and BinSGDM's bit merges), and MPI's own all-reduce for plain sums
+(``mpi_allreduce``, ``mean_allreduce``: the engine's exact sums, PowerSGD, TopK's and
+SketchFusion's sums), which Open MPI runs in C with the algorithm that suits the size.
 
 Contract of ``ring_allreduce(ctx, buf, combine)``:
 - ``buf``: a contiguous 1-D NumPy array of any dtype and any length (also 0 or < size); every
@@ -111,14 +114,13 @@ def mpi_allreduce(ctx, buf):
     return buf
 
 
-def mean_allreduce(ctx, arrays, dtype=np.float32, allreduce=ring_allreduce):
+def mean_allreduce(ctx, arrays, dtype=np.float32):
     """The mean over ``ctx``'s ranks of each host array in ``arrays`` (the same shapes on every
-    rank), fused into one ``dtype`` buffer and summed in place by one ``allreduce(ctx, buf)``
-    (this module's ring, whose rounds the cost model counts, or ``mpi_allreduce``): views of
-    that buffer shaped like ``arrays``."""
+    rank), fused into one ``dtype`` buffer and summed in place by one ``mpi_allreduce``: views
+    of that buffer shaped like ``arrays``."""
     parts = [np.asarray(a, dtype=dtype) for a in arrays]
     buf = np.concatenate([p.reshape(-1) for p in parts] or [np.zeros(0, dtype)])
-    allreduce(ctx, buf)
+    mpi_allreduce(ctx, buf)
     buf /= ctx.size
     out, off = [], 0
     for p in parts:
