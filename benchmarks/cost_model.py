@@ -27,19 +27,19 @@ Prediction for 8 x 8 and 32 x 8 ranks at 10 and 25 Gbit/s, assumptions:
   Here the ranks share 2 CPU cores and other jobs, so c is pessimistic for CPUs and says nothing
   about GPU kernels;
 - the link bytes per host scale with the method's traffic law from the measured bytes per
-  element (``traffic_scale``): 'ring' (Horovod fp32/fp16, Marsit) and 'two-allreduces'
-  (SketchFusion, PowerSGD: MPI's own) 2(P-1)/P; 'nodes' (BinSGDM: 1 bit per element to the other
+  element (``traffic_scale``): 'ring' (Horovod fp32/fp16, Marsit), 'two-rings' (SketchFusion)
+  and 'two-allreduces' (PowerSGD: MPI's own) 2(P-1)/P; 'nodes' (BinSGDM: 1 bit per element to the other
   node with 2 nodes, merged along a ring of the nodes from 3) N-1, then 2(N-1)/N; 'tree' (TopK)
   8 + 4 ceil(log2 P) + 8 (P-1)/P bytes per selected element; 'votes' (EF-signSGD: an all-gather
   of the bits with 2 ranks, vote counts along a ring from 3, ``hvdcomp.comm.votes.ring_bits``)
   P-1, then about log2 P. In node stages (``hvdcomp.hierarchical``: the methods it wraps,
   several nodes of several ranks, not ``@hierarchy=flat``) the law applies to the N nodes: each
   node sends what one rank of an N-rank flat layout sends;
-- rounds: ring 2(P-1); two of MPI's all-reduces 4 ceil(log2 P) (each as a recursive halving
-  and doubling: Open MPI picks its algorithm by size); BinSGDM 2(L-1) + (N-1), from 3 nodes
-  2(L-1) + 2(N-1); TopK 4 ceil(log2 P) (the tree up and down, then MPI's all-reduce); votes
-  P-1, from 3 ranks 2(P-1); in node stages the method's rounds over N ranks plus 2 (the node's
-  barriers);
+- rounds: ring 2(P-1); two rings 4(P-1); two of MPI's all-reduces 4 ceil(log2 P) (each as a
+  recursive halving and doubling: Open MPI picks its algorithm by size); BinSGDM 2(L-1) +
+  (N-1), from 3 nodes 2(L-1) + 2(N-1); TopK 4 ceil(log2 P) (the tree up and down, then MPI's
+  all-reduce); votes P-1, from 3 ranks 2(P-1); in node stages the method's rounds over N ranks
+  plus 2 (the node's barriers);
 - the links run at the fitted efficiency b; no congestion in the switch (full bisection), no
   overlap with the backward pass (one blocking all-reduce).
 """
@@ -95,6 +95,7 @@ def rounds(method, nodes, per_node):
     p = nodes * per_node
     return {"nodes": lambda: 2 * (per_node - 1) + (nodes - 1) * (2 if merges(nodes) else 1),
             "tree": lambda: 4 * math.ceil(math.log2(p)),
+            "two-rings": lambda: 4 * (p - 1),
             "two-allreduces": lambda: 4 * math.ceil(math.log2(p)),
             "votes": lambda: 2 * (p - 1) if votes.ring_pays(p) else p - 1,
             }.get(law(method), lambda: 2 * (p - 1))()

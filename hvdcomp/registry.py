@@ -163,7 +163,7 @@ class Expect:
     - ``invalid``: ``(argument, value)`` pairs the constructor refuses with a ValueError naming
       the argument.
     - ``traffic``: how bytes and message rounds grow with the world (benchmarks/cost_model.py):
-      ``"ring"``, ``"two-allreduces"`` (SketchFusion, PowerSGD: two of MPI's own,
+      ``"ring"``, ``"two-rings"`` (SketchFusion), ``"two-allreduces"`` (PowerSGD: MPI's own,
       ``hvdcomp.comm.mpi_allreduce``), ``"tree"`` (TopK), ``"nodes"`` (BinSGDM), ``"votes"``
       (EF-signSGD, ``hvdcomp.comm.votes``).
     - ``state_suffixes``: state a method keeps per tensor beside its memory, under
@@ -209,7 +209,7 @@ EXPECT = {
                        ("bidirectional", "yes")) + _COMMON_INVALID),
     # the default sketch (3 x 2k per 5% of elements, plus k exact values: 7k floats) sends
     # 0.35 of fp32's bytes (2.8x fewer on the digits model)
-    "SketchFusion": Expect("identity", 2.5, traffic="two-allreduces",
+    "SketchFusion": Expect("identity", 2.5, traffic="two-rings",
                            one_rank_kwargs={"ratio": 1.0, "rows": 1, "width": 1},
                            test_kwargs={"ratio": 0.1, "rows": 3, "width": 4}, invalid=(
                                ("ratio", 0), ("ratio", 1.5), ("rows", 0), ("cols", 0),

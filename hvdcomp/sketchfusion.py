@@ -4,8 +4,9 @@
 Per flush, all large gradients are compensated (``a = e + g``) and fused into one vector of n
 elements (as Marsit does: one message for the whole step); k = ceil(ratio * n).
 
-What travels, per rank and step (float32, plain sums: MPI's own all-reduce,
-``hvdcomp.comm.mpi_allreduce``; about a ring's bytes for these sizes):
+What travels, per rank and step (float32, plain ring all-reduces ``hvdcomp.comm.ring``: its
+messages are large, where MPI's own all-reduce was 1.4-1.5x slower at 300 Mbit/s on 4 hosts,
+session 48, see ``hvdcomp.comm.ring``):
 - the r x c sketch: ``2 (size-1)/size * 4 r c`` bytes (sketches are linear: summed);
 - with ``exact=True`` (default) the k exact values at the selected positions:
   ``2 (size-1)/size * 4 k`` bytes. No indices: every rank unsketches the same summed table and
@@ -39,7 +40,7 @@ from hvdcomp.algorithms import sketch as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.sketch import hashes
 from hvdcomp.backend.topk import topk_exact
-from hvdcomp.comm import mpi_allreduce
+from hvdcomp.comm import ring_allreduce
 from hvdcomp.method import Method
 
 
@@ -147,14 +148,14 @@ class SketchFusion(Method):
             h = hashes(fused.shape[0], rows, cols, self.seed)
             table = xp.to_host(sketch_of(fused, h))
         with batch.phase("comm"):
-            mpi_allreduce(ctx, table)
+            ring_allreduce(ctx, table)
         with batch.phase("decode"):
             scratch = (None if device is not None else
                        batch.store.scratch_bytes(ESTIMATES, 4 * h.n).view(np.float32))
             idx, sums = heavy_hitters(table, h, k, device, scratch)
         if self.exact:
             with batch.phase("comm"):
-                sums = mpi_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
+                sums = ring_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
                                                                 dtype=np.float32))
         out, off = [], 0
         with batch.phase("decode"):

@@ -1,7 +1,14 @@
-"""All-reduces of contiguous 1-D NumPy buffers: a ring with a pluggable per-hop combine, for the
-merges MPI cannot do (Marsit's and BinSGDM's bit merges), and MPI's own all-reduce for plain sums
-(``mpi_allreduce``, ``mean_allreduce``: the engine's exact sums, PowerSGD, TopK's and
-SketchFusion's sums), which Open MPI runs in C with the algorithm that suits the size.
+"""All-reduces of contiguous 1-D NumPy buffers: a ring with a pluggable per-hop combine, and MPI's
+own all-reduce for plain sums (``mpi_allreduce``, ``mean_allreduce``).
+
+Which one: the ring for the merges MPI cannot do (Marsit's and BinSGDM's bit merges) and for
+SketchFusion's large sums; MPI's own for the engine's exact sums, PowerSGD's P and Q and TopK's
+sums at the selected indices. Measured on the emulated cluster (session 48, 2 runs each):
+PowerSGD's few kB per tensor 10-40% faster through MPI (its latency: about log2 P rounds run in
+C, where the ring takes 2 (P - 1) Python round trips), TopK 0.6-1.0x the ring's time; but
+SketchFusion's 1-5 MB tables 1.4-1.5x slower at 300 Mbit/s on 4 hosts x 1 (the same bytes on
+the link: Open MPI's choice of algorithm for that size keeps the links less busy than the ring),
+though 0.8-0.9x at 1 Gbit/s.
 
 Contract of ``ring_allreduce(ctx, buf, combine)``:
 - ``buf``: a contiguous 1-D NumPy array of any dtype and any length (also 0 or < size); every
