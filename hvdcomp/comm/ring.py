@@ -3,12 +3,13 @@ own all-reduce for plain sums (``mpi_allreduce``, ``mean_allreduce``).
 
 Which one: the ring for the merges MPI cannot do (Marsit's and BinSGDM's bit merges) and for
 SketchFusion's large sums; MPI's own for the engine's exact sums, PowerSGD's P and Q and TopK's
-sums at the selected indices. Measured on the emulated cluster (session 48, 2 runs each):
-PowerSGD's few kB per tensor 10-40% faster through MPI (its latency: about log2 P rounds run in
-C, where the ring takes 2 (P - 1) Python round trips), TopK 0.6-1.0x the ring's time; but
-SketchFusion's 1-5 MB tables 1.4-1.5x slower at 300 Mbit/s on 4 hosts x 1 (the same bytes on
-the link: Open MPI's choice of algorithm for that size keeps the links less busy than the ring),
-though 0.8-0.9x at 1 Gbit/s.
+sums at the selected indices. Measured on the emulated cluster (sessions 47-48):
+- the engine's exact sum alone: 20-30% faster through MPI at 0.1-1M elements, 2 x 2, 1 Gbit/s;
+- PowerSGD's few kB per tensor: 10-40% faster (about log2 P rounds run in C, where the ring
+  takes 2 (P - 1) Python round trips); TopK: 0.6-1.0x the ring's time;
+- but SketchFusion's 1-5 MB tables: 1.4-1.5x slower at 300 Mbit/s on 4 hosts x 1 (the same
+  bytes on the links: Open MPI's algorithm for that size keeps them less busy than the ring),
+  though 0.8-0.9x at 1 Gbit/s. The engine's sums of that size on such links were not measured.
 
 Contract of ``ring_allreduce(ctx, buf, combine)``:
 - ``buf``: a contiguous 1-D NumPy array of any dtype and any length (also 0 or < size); every
@@ -98,10 +99,8 @@ def mpi_allreduce(ctx, buf):
     in place over ``ctx``'s ranks by MPI's own all-reduce (``MPI_Allreduce``, in pieces of at
     most MAX_MESSAGE_BYTES); returns ``buf``. The result is identical on every rank: MPI
     requires that all processes of the group receive identical results (MPI 4.1, section 6.9.6).
-    Open MPI picks its algorithm by size (recursive doubling, ring, Rabenseifner) and pipelines it
-    in C, which beats this module's Python-driven ring by 20-30% at 0.1-1M elements on the
-    emulated 2 x 2 cluster at 1 Gbit/s (4.0 vs 4.9-6.1 ms, 33 vs 48 ms). Counted in ``ctx.stats``
-    as the ring's traffic (``2 (size - 1) / size * buf.nbytes`` each way, ``2 (size - 1)``
+    Open MPI picks its algorithm by size and runs it in C (when to prefer it: the module
+    docstring). Counted in ``ctx.stats`` as the ring's traffic (``2 (size - 1) / size * buf.nbytes`` each way, ``2 (size - 1)``
     messages per piece): what the library sends is its own choice."""
     if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
         raise TypeError("mpi_allreduce needs a contiguous 1-D numpy array")
