@@ -287,7 +287,7 @@ def verdict(entries, statuses, who, step, on_nonfinite, rank):
 
 def same_dense_size(sizes, who, step, rank):
     """Raise ``RankMismatchError`` on every rank where the ranks' uncompressed sums of a step
-    would differ in size (``sizes``: every rank's element count, gathered): a float ring of
+    would differ in size (``sizes``: every rank's element count, gathered): an all-reduce of
     other sizes fails on some ranks and leaves the others waiting for ever. The names, shapes
     and settings are agreed before, so this is hvdcomp's own state differing between ranks
     (e.g. an error-feedback memory carried on some ranks only), caught before anything is

@@ -9,7 +9,7 @@ the cluster and the load, so hvdcomp measures it instead of modelling it.
 What is decided: a size threshold. A tensor of at least ``threshold`` elements is compressed;
 a smaller one is *passed*: summed exactly (its dtype, float32 or float64) by Horovod's own
 allreduce where ``compress()`` can hand it over (``hvdcomp.facade.horovod_sums``: torch
-optimizers, one batch per step), else by hvdcomp's float ring in the step (``hvdcomp.engine``).
+optimizers, one batch per step), else by one MPI all-reduce in the step (``hvdcomp.engine``).
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
 tensors that hold half of the step's elements, none (every gradient passed), and, where Horovod
 sums every passed gradient itself and NaN/Inf is propagated (the default ``on_nonfinite``), none

@@ -25,8 +25,8 @@
 4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
    nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
-6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float ring
-   all-reduce for the dense ones; the preconditioner's ``after``; the results multiplied by
+6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float MPI
+   all-reduce for the dense ones (``reduce_dense``); the preconditioner's ``after``; the results multiplied by
    the loss scale again (the user's unscale divides them);
 7. land: the results are kept for ``decompress`` (``results``: ticket -> (flat array, entry));
    at the end of the step the state store commits (or rolls back a skipped or failed step).

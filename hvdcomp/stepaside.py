@@ -16,7 +16,7 @@ What is sent: the *message* ``[u, s, 1, z]`` (``numel + 3`` elements, float32, o
 float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros), summed exactly, by
 Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
 torch optimizers other than Adam, one batch per step, unscaled gradients), overlapping the
-backward pass as Horovod's allreduce of the gradient does; else by the step engine's float ring
+backward pass as Horovod's allreduce of the gradient does; else by the step engine's float sum
 (``hvdcomp.engine``). From the reduced message ``r`` (the mean times Horovod's op factor ``f``,
 which the constant 1 carries) the step is ``r[:n]`` (``f`` times the mean direction) under Adam
 (``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it) or for a direct
