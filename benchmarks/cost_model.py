@@ -14,8 +14,8 @@ method's count of sequential rounds for the layout (``rounds`` below), ``link_by
 the busiest emulated host on its shaped link per call (kernel counters), ``bandwidth`` the shaped
 rate in bytes/s. Fitted per method (and per variant: ``Marsit@hierarchy=flat`` is fitted apart
 from ``Marsit``) with non-negative coefficients for the smallest largest relative error
-(``fit``: small and large sizes count alike), over every layout in the records, and reported with the
-fit error on each layout. A point (method, layout, size, rate) measured in several runs (files)
+(``fit``: small and large sizes count alike), over every layout in the records, and reported
+with the fit error on each layout. A point (method, layout, size, rate) measured in several runs (files)
 counts once, at the median of the runs' medians: single runs on this shared machine move by
 +-25%, more than the 20% the model is held to. PowerSGD's records of a vector gradient
 (``allreduce_bench.py`` without ``--columns``) are left out: PowerSGD sends a vector whole.
@@ -148,8 +148,8 @@ def fit(points):
     """points: (time, rounds, bytes, bandwidth B/s, elements) -> (a, b, c, d), relative
     errors. The non-negative coefficients with the smallest largest relative error over the
     points (a Chebyshev fit, a linear program): the model is held to its largest error on each
-    layout, which a least-squares fit leaves to a few points (9-29% on the same data where
-    this fit gives 8-22%)."""
+    layout, which a least-squares fit leaves to a few points (9-29% on session 48's pooled
+    data before TopK's and PowerSGD's re-measure, where this fit gave 8-22%)."""
     t = np.array([p[0] for p in points])
     X = np.array([[p[1], p[2] / p[3], p[4], 1.0] for p in points], dtype=np.float64)
     rel = X / t[:, None]  # relative error of coefficients c: rel @ c - 1
