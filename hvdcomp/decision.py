@@ -9,11 +9,14 @@ the cluster and the load, so hvdcomp measures it instead of modelling it.
 What is decided: a size threshold. A tensor of at least ``threshold`` elements is compressed;
 a smaller one is *passed*: summed exactly (its dtype, float32 or float64) by Horovod's own
 allreduce where ``compress()`` can hand it over (``hvdcomp.facade.horovod_sums``: torch
-optimizers, one batch per step), else by one MPI all-reduce in the step (``hvdcomp.engine``).
+optimizers, one batch per step; TensorFlow's float32 gradients through the step's plan,
+``hvdcomp.frontends.tensorflow.StepBatch``), else by one MPI all-reduce in the step
+(``hvdcomp.engine``).
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
 tensors that hold half of the step's elements, none (every gradient passed), and, where Horovod
-sums every passed gradient itself and NaN/Inf is propagated (the default ``on_nonfinite``), none
-with every gradient passed in float16 (``HALF``: Horovod's own ``Compression.fp16``, so that a
+sums every passed gradient itself, the front end can hand it over in float16 (torch: the
+adapter's ``halved``; a TensorFlow graph fixes the dtype Horovod sums when it is traced) and
+NaN/Inf is propagated (the default ``on_nonfinite``), none with every gradient passed in float16 (``HALF``: Horovod's own ``Compression.fp16``, so that a
 job where fp16's traffic beats both the method and the exact sum runs as fast as Horovod's fp16
 would; a float32 gradient, no loss scale in force, ``hvdcomp.facade.runtime.Runtime.sent``).
 Like Horovod's fp16 it rounds each gradient and the sum to float16: elements under about 6e-8
@@ -23,7 +26,8 @@ which promise to catch every non-finite step).
 
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
 (in the backward pass; for a graph front end, the start of the step's reduction) to its last
-result handed back by ``decompress()`` (after Horovod's wait for its own allreduces), taken on
+result handed back by ``decompress()`` (after Horovod's wait for its own allreduces; for a graph
+front end, its last per-gradient op, ``BatchedCompressor.handed_over``), taken on
 every rank and agreed as the slowest rank's (it rides the next step's agreement all-gather,
 ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that

@@ -402,7 +402,8 @@ class StepEngine:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
                                   steps=self.quiet.since(),
                                   half=agreed.all_by_horovod and not self.aside
-                                  and self.on_nonfinite == "propagate")
+                                  and self.on_nonfinite == "propagate"
+                                  and all(hasattr(e.adapter, "halved") for e in entries))
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
         absent = [entries[i] for i in sorted(agreed.absent)]

@@ -370,6 +370,37 @@ def test_where_every_tensor_is_passed_hvdcomp_agrees_at_doubling_intervals_only(
     assert res[0]["pass"]["digest"] == res[1]["pass"]["digest"]
 
 
+@pytest.mark.timeout(200)
+def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_traced_step():
+    """TensorFlow (DistributedGradientTape in a tf.function): where the decision passes a
+    gradient, the step's plan hands it to Horovod's allreduce itself (summed as the backward
+    pass goes, as under Compression.none), not to hvdcomp's sum after it: Horovod's bytes are
+    every gradient's, hvdcomp agrees at steps 0, 16, 32, 64 only, and the training is
+    bit-identical to Horovod's Compression.none; with on_nonfinite='skip' hvdcomp still checks
+    every step and a NaN step returns zeros where Horovod summed NaN; under
+    decision='compress' Horovod sums only the tensors under min_compress_numel."""
+    res = results(run(2, "tf_pass.py", timeout=180))
+    assert sorted(res) == [0, 1]
+    every = 4 * (64 * 64 + 64 + 64 * 10 + 10)  # the MLP's gradients in float32, 2 ranks
+    small = 4 * (64 + 64 * 10 + 10)  # those under 1024 elements
+    for r in res.values():
+        assert all(r[name]["identical"] == 70 for name in ("none", "pass", "pass-skip",
+                                                           "compress"))
+        assert r["pass"]["digest"] == r["none"]["digest"] == r["pass-skip"]["digest"]
+        assert r["compress"]["digest"] != r["none"]["digest"]
+        assert r["pass"]["summed"] == r["pass-skip"]["summed"] == [every] * 70
+        assert r["compress"]["summed"] == [small] * 70
+        agreed = [step for step, sent in enumerate(r["pass"]["sent"]) if sent > 0]
+        assert agreed == [0, 16, 32, 64], r["pass"]["sent"]
+        assert all(sent > 0 for sent in r["pass-skip"]["sent"] + r["compress"]["sent"])
+        nan, zero, same = r["nan"]["at_poison"]
+        assert all(nan) and not any(zero) and same, r["nan"]["at_poison"]  # Horovod's NaN
+        nan, zero, same = r["nan-skip"]["at_poison"]
+        assert all(zero) and not any(nan) and same, r["nan-skip"]["at_poison"]
+        assert r["nan-skip"]["identical"] == 6
+    assert res[0]["pass"]["digest"] == res[1]["pass"]["digest"]
+
+
 @pytest.mark.parametrize("optimizer,lr", [("sgd", 0.1), ("adamw", 0.003)])
 def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_switches(
         optimizer, lr):

@@ -38,7 +38,7 @@ import threading
 
 import numpy as np
 
-from hvdcomp import (bucketing, checks, feedback, hierarchical, loss_scale, ownership,
+from hvdcomp import (bucketing, checks, hierarchical, loss_scale, ownership,
                      preconditioning, validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
@@ -172,8 +172,10 @@ class BatchedCompressor:
                 rt.engine.forget(ident.name)
             rt.ownership.check_parameters(rt.engine.context, adapter, ident.optimizer)
             if getattr(adapter, "DEFERRED", False):
-                # Graph front ends (TensorFlow) trace this once; decompress() builds the step.
-                return _placeholder(adapter, tensor), adapter.Deferred(self, ident, tensor)
+                # Graph front ends (TensorFlow) trace this once; decompress() builds the step,
+                # and what Horovod sums is chosen at each step (Deferred.sent).
+                ctx = adapter.Deferred(self, ident, tensor)
+                return ctx.sent(_placeholder(adapter, tensor)), ctx
             key = ident.name
             if key in rt.pending:
                 raise _compressed_twice(self, key)
@@ -244,16 +246,35 @@ class BatchedCompressor:
         (flat,) = self.reduce_batch_now([key], [array], gradients=False, process_set=process_set)
         return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
 
-    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None, process_set=None):
+    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None, process_set=None,
+                         by_horovod=None):
         """The graph front ends' entry point: each array's mean over ``process_set`` (flat,
         float32 or float64, where it was), reduced now as one batch, the same keys on every rank
-        of the set (gradients, adam: Entry's)."""
+        of the set (gradients, adam: Entry's). ``by_horovod``: per key, whether Horovod's own
+        allreduce sums that array this step (``horovod_plan``): hvdcomp only checks it, and its
+        result is a ``hvdcomp.engine.HorovodSum``."""
+        summed = by_horovod if by_horovod is not None else [False] * len(keys)
         with self._lock:
             rt = self.runtimes.for_set(process_set)
-            entries = [Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
-                       for k, a, m in zip(keys, arrays, adam or [None] * len(keys))]
+            entries = [rt.engine.entry(k, a, adapter_for(a), by_horovod=True) if b
+                       else Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
+                       for k, a, m, b in zip(keys, arrays, adam or [None] * len(keys), summed)]
             rt.driver.whole_step(entries)
             return [rt.engine.take(e.ticket)[0] for e in entries]
+
+    def horovod_plan(self, numels, keys, process_set=None):
+        """The graph front ends' plan of a step, before its gradients are handed to Horovod: per
+        key (a gradient of ``numels[i]`` elements that Horovod's allreduce could sum itself),
+        whether it does this step (``Runtime.hands_to_horovod``; a method's message cannot be
+        sent from a graph, so a method that steps aside sends none)."""
+        with self._lock:
+            rt = self.runtimes.for_set(process_set)
+            return [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
+
+    def handed_over(self, process_set=None):
+        """A graph front end handed a result of the step over (after Horovod's own allreduce of
+        the tensors it sums): the decision's exchange window ends here unless another follows."""
+        self.runtimes.for_set(process_set).decision.mark()
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance
@@ -327,20 +348,15 @@ def _compressed_twice(compressor, key):
 def horovod_sums(runtime, tensor, adapter, ident):
     """Whether Horovod's own allreduce reduces ``tensor`` itself (``Entry.by_horovod``; its
     ``compress`` then hands Horovod the tensor as ``hvd.Compression.none`` does): one that a
-    compressor's ``runtime`` (``hvdcomp.facade.runtime``) sends uncompressed this step (the
-    compress-or-pass decision passes it, and it holds no error-feedback memory to carry on any
-    rank (``hvdcomp.feedback.pending``; the step engine carries it), or, for a method that steps
-    aside (``hvdcomp.stepaside``), Horovod may sum its message instead (``_message_summable``);
-    no preconditioner, one batch per step) and whose Horovod call reduces by mean or sum
+    compressor's ``runtime`` hands to Horovod this step (``Runtime.hands_to_horovod``: passed by
+    the decision, or, for a method that steps aside, its message, where Horovod may sum it,
+    ``_message_summable``) and whose Horovod call reduces by mean or sum
     (``adapter.horovod_may_sum``: torch optimizers). A model of many small tensors then costs a
     step about what Horovod's uncompressed allreduce costs (no placeholder, copy or second
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
-    aside = runtime.engine.aside
-    return (runtime.driver.one_batch and runtime.preconditioner.name is None
-            and not runtime.decision.compresses(math.prod(tensor.shape))
-            and (_message_summable(adapter, ident) if aside
-                 else not feedback.pending(runtime.store, ident.name))
+    return (runtime.hands_to_horovod(math.prod(tensor.shape), ident.name,
+                                     lambda: _message_summable(adapter, ident))
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
 

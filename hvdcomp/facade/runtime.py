@@ -14,8 +14,8 @@ import copy
 
 import numpy as np
 
-from hvdcomp import (bucketing, hierarchical, loss_scale, ownership, preconditioning, state,
-                     stepaside)
+from hvdcomp import (bucketing, feedback, hierarchical, loss_scale, ownership, preconditioning,
+                     state, stepaside)
 from hvdcomp.decision import Decision
 from hvdcomp.engine import StepEngine
 from hvdcomp.errors import HvdcompError
@@ -45,6 +45,18 @@ class Runtime:
         self.pending = {}
         self.held = {}  # key -> new state of a tensor stepping aside through Horovod (message)
         self.ownership = ownership.Ownership(self)
+
+    def hands_to_horovod(self, numel, key, messages):
+        """Whether this step hands tensor ``key`` of ``numel`` elements to Horovod's own
+        allreduce (where its Horovod call can sum it: the front end's part): one batch per step,
+        no preconditioner, the decision passes it, and it holds no error-feedback memory to
+        carry on any rank (``hvdcomp.feedback.pending``; the step engine carries it), or, for a
+        method that steps aside (``hvdcomp.stepaside``), ``messages()``: Horovod may sum its
+        message."""
+        return (self.driver.one_batch and self.preconditioner.name is None
+                and not self.decision.compresses(numel)
+                and (messages() if self.engine.aside
+                     else not feedback.pending(self.store, key)))
 
     def sent(self, entry, tensor):
         """What Horovod sums for ``entry`` (``by_horovod``), the gradient ``tensor``: the

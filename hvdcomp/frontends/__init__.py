@@ -14,12 +14,15 @@ class Identity(NamedTuple):
     global one), ``optimizer`` (the Horovod distributed optimizer it comes from, or None),
     ``call``: the framework call that hands this tensor over together with others, when the
     adapter can see it (TensorFlow's ``allreduce_grads``: its ``grads`` and ``vars`` lists, so
-    that the step's gradients are reduced as one batch), else None."""
+    that the step's gradients are reduced as one batch), else None; ``horovod_op``: the
+    reduction op the call's own collective applies (TensorFlow's ``allreduce``: its ``op``,
+    e.g. ``hvd.Average``), where the adapter reads it, else None."""
     name: Optional[str]
     owner: Any = None
     process_set: Any = None
     optimizer: Any = None
     call: Any = None
+    horovod_op: Any = None
 
 
 def adapter_for(tensor):

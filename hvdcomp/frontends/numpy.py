@@ -7,6 +7,7 @@ No Horovod call stands above a direct ``compress()``, so a host array is named e
 """
 import numpy as np
 
+from hvdcomp.backend import xp
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends.naming import unnamed
 
@@ -48,6 +49,12 @@ def describe_dtype(tensor):
 
 def is_supported(tensor):
     return np.asarray(tensor).dtype.type in FLOAT_DTYPES
+
+
+def all_finite(tensor):
+    """Whether no element of ``tensor`` is NaN or +-Inf (the check of an array that Horovod's
+    allreduce sums, ``hvdcomp.engine.Entry.by_horovod``: TensorFlow's passed gradients)."""
+    return xp.all_finite(np.asarray(tensor))
 
 
 def working(tensor, dtype):

@@ -13,7 +13,10 @@ or without ``num_groups``/``groups``) are reduced together by one op, built in t
 graph when the first of them is decompressed: hvdcomp pays the ring's latency once per step, not
 once per tensor, and the compressor counts one step per training step. Each gradient's own op,
 inside Horovod's ``tf.cond``, takes the batch op's output as an input (so runs after it) and
-returns its result. Direct ``hvd.allreduce(t, name=...)`` calls are reduced one by one.
+returns its result. A gradient that the compress-or-pass decision passes is handed to Horovod's
+own allreduce instead of the placeholder (``StepBatch.plan_op``), which sums it during the
+backward pass, as ``hvd.Compression.none`` does; the batch op only checks it. Direct
+``hvd.allreduce(t, name=...)`` calls are reduced one by one.
 
 Ordering: the batch ops and the direct calls' ops are stateful, and ``tf.function`` runs
 stateful ops in program order (automatic control dependencies), so hvdcomp's collectives run in
@@ -35,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdcomp import checks, preconditioning
+from hvdcomp.engine import HorovodSum
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends import numpy as np_adapter
@@ -98,11 +102,19 @@ def callers():
     return _CALLERS
 
 
+def _collective_op(loc):
+    """The op that Horovod's ``allreduce``/``grouped_allreduce`` (locals ``loc``) applies in its
+    collective, or None where it averages in the framework after it (ROCm builds; ``is True``:
+    in AutoGraph's conversion of ``allreduce`` the flag is an ``Undefined`` object until set)."""
+    return None if loc.get("average_in_framework") is True else loc.get("op")
+
+
 def _direct(frame, tensor):
     loc = frame.f_locals
     if loc.get("tensor") is not tensor:
         return None
-    return Identity(loc.get("name"), None, loc.get("process_set"), None)
+    return Identity(loc.get("name"), None, loc.get("process_set"), None,
+                    horovod_op=_collective_op(loc))
 
 
 def _direct_group(frame, tensor):
@@ -112,7 +124,7 @@ def _direct_group(frame, tensor):
     if index is None:
         return None
     name = None if name is None else group_member(name, index, len(tensors))
-    return Identity(name, None, loc.get("process_set"), None)
+    return Identity(name, None, loc.get("process_set"), None, horovod_op=_collective_op(loc))
 
 
 class GradientsCall(NamedTuple):
@@ -180,7 +192,7 @@ def tensor_identity(tensor, method):
         frame, identity = hit
         above = locate(tensor, table[2:3], frame.f_back, GRADS_FRAMES)
         if above is not None:
-            identity = above[1]
+            identity = above[1]._replace(horovod_op=identity.horovod_op)
         elif identity.name is None:
             keras = locate(tensor, table[3:], frame.f_back, KERAS_FRAMES)
             identity = keras and keras[1]
@@ -326,7 +338,7 @@ def _working(tensor):
 
 class StepBatch:
     """The gradients of one traced ``allreduce_grads`` call (``GradientsCall``), reduced at
-    every step as one batch by one op.
+    every step as one batch by one op, but for those that Horovod's own allreduce sums.
 
     ``keys``: the call's gradients that Horovod hands to ``compress`` (``_batchable``), in call
     order; ``tensors``: key -> gradient (a tensor of the traced function). ``step_op()``: the op
@@ -337,7 +349,17 @@ class StepBatch:
     reduced placeholder shows. The take ops are stateless, so Horovod's tf.cond around each
     placeholder stays stateless and TensorFlow runs the placeholders' allreduces together, as
     without hvdcomp (a stateful op in each cond would run them one after another, one Horovod
-    cycle each)."""
+    cycle each).
+
+    What Horovod sums: ``plan_op()``, built once beside the step op and run first in each step,
+    says per key whether the step hands that gradient to Horovod's allreduce itself
+    (``BatchedCompressor.horovod_plan``: the decision passes it; ``passable``: a float32
+    gradient of a static shape whose call averages or sums in its collective). Its ``compress``
+    output (``Deferred.sent``) is then a ``tf.cond`` on the plan: the gradient, flat, or the
+    placeholder. So a passed gradient is summed by Horovod as soon as the backward pass has
+    computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
+    still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
+    its take op returns Horovod's sum (a skipped step: the fill)."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -361,8 +383,46 @@ class StepBatch:
         self.tensors = {names[i]: g for i, g in enumerate(call.grads) if _batchable(g)}
         self.keys = list(self.tensors)
         self.joined = set()  # the keys whose compress() has been traced
+        self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
         self.results = {}
-        self._step = None
+        self._step = self._plan = None
+
+    def passable(self, key, horovod_op):
+        """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
+        itself (float32, a static shape, ``horovod_op`` Average or Sum: the collective's result
+        is then the mean or sum that hvdcomp would return), else None."""
+        from horovod.tensorflow.mpi_ops import Average, Sum
+        tensor = self.tensors[key]
+        if (tensor.dtype != tf.float32 or tensor.shape.num_elements() is None
+                or horovod_op not in (Average, Sum)):
+            return None
+        index = self.keys.index(key)
+        self.sums[index] = True
+        return index
+
+    def plan_op(self):
+        """The step's plan (a bool per key: Horovod sums that gradient), built at the first
+        call, in ``graph``, where the step op is; False for every key where Horovod's conds do
+        not take their allreduce branch."""
+        if self._plan is None:
+            with self.graph.as_default():
+                def plan():
+                    return tf.numpy_function(self._planned, [], tf.bool, stateful=True,
+                                             name=f"hvdcomp_{self.compressor.method}_plan")
+
+                def none():
+                    return tf.zeros([len(self.keys)], tf.bool)
+                here = _horovod_reduces(self.process_set)
+                self._plan = (tf.cond(here, plan, none) if tf.is_tensor(here)
+                              else plan() if here else none())
+                self._plan.set_shape([len(self.keys)])
+        return self._plan
+
+    def _planned(self):
+        keys = [k for k, s in zip(self.keys, self.sums) if s]
+        numels = [self.tensors[k].shape.num_elements() for k in keys]
+        summed = dict(zip(keys, self.compressor.horovod_plan(numels, keys, self.process_set)))
+        return np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_)
 
     def join(self, key, tensor):
         """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
@@ -378,8 +438,10 @@ class StepBatch:
         run either."""
         if self._step is None:
             with self.graph.as_default():
+                plan = self.plan_op()  # built by the first compress() of a passable key, or here
+
                 def reduce():
-                    values = [_working(self.tensors[k]) for k in self.keys]
+                    values = [plan] + [_working(self.tensors[k]) for k in self.keys]
                     return tf.numpy_function(self._reduce, values, tf.int64, stateful=True,
                                              name=f"hvdcomp_{self.compressor.method}_step")
 
@@ -389,12 +451,12 @@ class StepBatch:
                 if tf.is_tensor(here):
                     self._step = tf.cond(here, reduce, skip)
                 elif here and self.adam is not None:
-                    self._step = self._reduce_following_adam()
+                    self._step = self._reduce_following_adam(plan)
                 else:
                     self._step = reduce() if here else skip()
         return self._step
 
-    def _reduce_following_adam(self):
+    def _reduce_following_adam(self, plan):
         """The step op where the user's Keras Adam owns the gradients: its moments and step
         count are read before the reduction and passed to it (``KerasAdamMoments``), and the
         moments it returns are assigned after it, so that Keras's update (traced later in the
@@ -409,7 +471,7 @@ class StepBatch:
                 self.moments.append((i, opt._momentums[slot],
                                      opt._velocities[slot] if self.second else None))
         variables = [var for _, m, v in self.moments for var in (m, v) if var is not None]
-        values = [_working(self.tensors[k]) for k in self.keys]
+        values = [plan] + [_working(self.tensors[k]) for k in self.keys]
         values += [var.read_value() for var in variables] + [tf.identity(opt.iterations)]
         out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(variables),
                                 stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
@@ -418,7 +480,7 @@ class StepBatch:
         with tf.control_dependencies(assigns):
             return tf.identity(out[0])
 
-    def _reduce(self, *values):
+    def _reduce(self, plan, *values):
         self.results = {}
         grads, adam = values[:len(self.keys)], None
         if len(values) > len(self.keys):  # _reduce_following_adam: moments, then the step count
@@ -429,20 +491,27 @@ class StepBatch:
                 adam[i] = KerasAdamMoments(m, None if v is None else next(read).reshape(-1),
                                            (self.adam.beta_1, self.adam.beta_2), values[-1])
         flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam,
-                                                 process_set=self.process_set)
+                                                 process_set=self.process_set, by_horovod=plan)
         self.results = dict(zip(self.keys, flats))
         if adam is None:
             return np.int64(len(flats))
         return [np.int64(len(flats))] + [moment for i, _, v in self.moments for moment in (
             (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
-    def take(self, key, step, reduced_placeholder):
+    def take(self, key, step, reduced):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
-        step's reduction). ``step``: the batch op's output, the input that orders the two."""
-        factor = self.compressor.op_factor(np_adapter.reduced(reduced_placeholder), key,
-                                           self.ranks)
+        step's reduction); where Horovod summed the gradient itself, ``reduced`` (or the fill of
+        a skipped step). ``step``: the batch op's output, the input that orders the two;
+        ``reduced``: Horovod's output (the reduced placeholder, or the sum)."""
+        flat = self.results.get(key)
+        if not isinstance(flat, HorovodSum):
+            factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
         flat = self.results.pop(key)
+        self.compressor.handed_over(self.process_set)  # the decision's window
+        if isinstance(flat, HorovodSum):
+            out = np.asarray(reduced).reshape(-1)
+            return out if flat.fill is None else np.full_like(out, flat.fill)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
 
@@ -458,7 +527,7 @@ class Deferred:
 
     def __init__(self, compressor, identity, tensor):
         self.compressor, self.key, self.tensor = compressor, identity.name, tensor
-        self.process_set = identity.process_set
+        self.process_set, self.horovod_op = identity.process_set, identity.horovod_op
         self.batch = None
         call = identity.call
         if call is not None and _batchable(tensor):
@@ -468,6 +537,16 @@ class Deferred:
                                                          identity.optimizer)
             if batch.join(identity.name, tensor):
                 self.batch = batch
+
+    def sent(self, placeholder):
+        """What Horovod's allreduce gets from ``compress``: ``placeholder``, or, for a gradient
+        Horovod may sum (``StepBatch.passable``), a ``tf.cond`` on the step's plan between the
+        gradient (flat) and ``placeholder`` (a float32 vector either way)."""
+        index = None if self.batch is None else self.batch.passable(self.key, self.horovod_op)
+        if index is None:
+            return placeholder
+        plan, flat = self.batch.plan_op(), tf.reshape(self.tensor, [-1])
+        return tf.cond(plan[index], lambda: flat, lambda: placeholder)
 
     def build(self, output):
         tensor, key, comp = self.tensor, self.key, self.compressor
