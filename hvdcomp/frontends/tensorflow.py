@@ -359,7 +359,7 @@ class StepBatch:
     placeholder. So a passed gradient is summed by Horovod as soon as the backward pass has
     computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
-    its take op returns Horovod's sum (a skipped step: the fill)."""
+    ``decompress`` returns Horovod's sum (``summed``; a skipped step: the fill)."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -432,8 +432,8 @@ class StepBatch:
         return True
 
     def step_op(self):
-        """The batch's reduction op (its output: the number of tensors reduced), built at the
-        first call; it runs where Horovod's conds take their allreduce branch (this rank is in
+        """The batch's reduction op (its output: per key, the value a skipped step fills a
+        gradient that Horovod summed with, else +inf: ``summed``), built at the first call; it runs where Horovod's conds take their allreduce branch (this rank is in
         the process set, of 2+ ranks), and elsewhere does nothing, as the take ops then do not
         run either."""
         if self._step is None:
@@ -442,11 +442,11 @@ class StepBatch:
 
                 def reduce():
                     values = [plan] + [_working(self.tensors[k]) for k in self.keys]
-                    return tf.numpy_function(self._reduce, values, tf.int64, stateful=True,
+                    return tf.numpy_function(self._reduce, values, tf.float32, stateful=True,
                                              name=f"hvdcomp_{self.compressor.method}_step")
 
                 def skip():
-                    return tf.constant(0, tf.int64)
+                    return tf.fill([len(self.keys)], np.float32(np.inf))
                 here = _horovod_reduces(self.process_set)
                 if tf.is_tensor(here):
                     self._step = tf.cond(here, reduce, skip)
@@ -454,6 +454,7 @@ class StepBatch:
                     self._step = self._reduce_following_adam(plan)
                 else:
                     self._step = reduce() if here else skip()
+                self._step.set_shape([len(self.keys)])
         return self._step
 
     def _reduce_following_adam(self, plan):
@@ -473,7 +474,7 @@ class StepBatch:
         variables = [var for _, m, v in self.moments for var in (m, v) if var is not None]
         values = [plan] + [_working(self.tensors[k]) for k in self.keys]
         values += [var.read_value() for var in variables] + [tf.identity(opt.iterations)]
-        out = tf.numpy_function(self._reduce, values, [tf.int64] + [tf.float32] * len(variables),
+        out = tf.numpy_function(self._reduce, values, [tf.float32] * (1 + len(variables)),
                                 stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
         assigns = [var.assign(tf.reshape(new, tf.shape(var)))
                    for var, new in zip(variables, out[1:])]
@@ -493,26 +494,38 @@ class StepBatch:
         flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam,
                                                  process_set=self.process_set, by_horovod=plan)
         self.results = dict(zip(self.keys, flats))
+        fills = np.array([f.fill if isinstance(f, HorovodSum) and f.fill is not None else np.inf
+                          for f in flats], dtype=np.float32)
         if adam is None:
-            return np.int64(len(flats))
-        return [np.int64(len(flats))] + [moment for i, _, v in self.moments for moment in (
+            return fills
+        return [fills] + [moment for i, _, v in self.moments for moment in (
             (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
     def take(self, key, step, reduced):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
-        step's reduction); where Horovod summed the gradient itself, ``reduced`` (or the fill of
-        a skipped step). ``step``: the batch op's output, the input that orders the two;
-        ``reduced``: Horovod's output (the reduced placeholder, or the sum)."""
-        flat = self.results.get(key)
-        if not isinstance(flat, HorovodSum):
-            factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
+        step's reduction). ``step``: the batch op's output, the input that orders the two;
+        ``reduced``: the reduced placeholder. (A gradient that Horovod summed: ``summed``.)"""
         flat = self.results.pop(key)
         self.compressor.handed_over(self.process_set)  # the decision's window
-        if isinstance(flat, HorovodSum):
-            out = np.asarray(reduced).reshape(-1)
-            return out if flat.fill is None else np.full_like(out, flat.fill)
+        factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
+
+    def summed(self, index, step, output):
+        """The result of gradient ``index`` where Horovod summed it itself: ``output`` (its
+        sum), or, where the step was skipped, the fill that the step op's output holds for it
+        (``step[index]``; +inf: none), in graph ops (no copy of the sum through Python); after
+        a scalar op that ends the decision's window once Horovod's sum is there."""
+        def handed_over(first):
+            self.compressor.handed_over(self.process_set)
+            return np.int64(0)
+        flat = tf.reshape(output, [-1])
+        marked = tf.numpy_function(handed_over, [flat[:1]], tf.int64, stateful=False,
+                                   name=f"hvdcomp_{self.compressor.method}_summed")
+        fill = step[index]
+        with tf.control_dependencies([marked]):
+            return tf.cond(tf.math.is_inf(fill), lambda: tf.identity(flat),
+                           lambda: tf.fill(tf.shape(flat), fill))
 
 
 # compressor -> the StepBatch being traced (the last allreduce_grads call seen).
@@ -528,7 +541,7 @@ class Deferred:
     def __init__(self, compressor, identity, tensor):
         self.compressor, self.key, self.tensor = compressor, identity.name, tensor
         self.process_set, self.horovod_op = identity.process_set, identity.horovod_op
-        self.batch = None
+        self.batch = self.index = None  # index: in the batch's plan (``sent``)
         call = identity.call
         if call is not None and _batchable(tensor):
             batch = _TRACING.get(compressor)
@@ -542,11 +555,12 @@ class Deferred:
         """What Horovod's allreduce gets from ``compress``: ``placeholder``, or, for a gradient
         Horovod may sum (``StepBatch.passable``), a ``tf.cond`` on the step's plan between the
         gradient (flat) and ``placeholder`` (a float32 vector either way)."""
-        index = None if self.batch is None else self.batch.passable(self.key, self.horovod_op)
-        if index is None:
+        self.index = None if self.batch is None else self.batch.passable(self.key,
+                                                                           self.horovod_op)
+        if self.index is None:
             return placeholder
         plan, flat = self.batch.plan_op(), tf.reshape(self.tensor, [-1])
-        return tf.cond(plan[index], lambda: flat, lambda: placeholder)
+        return tf.cond(plan[self.index], lambda: flat, lambda: placeholder)
 
     def build(self, output):
         tensor, key, comp = self.tensor, self.key, self.compressor
@@ -561,8 +575,14 @@ class Deferred:
             out = tf.numpy_function(run, [work, output], work.dtype, stateful=True,
                                     name="hvdcomp_" + comp.method)
         else:
-            out = tf.numpy_function(functools.partial(self.batch.take, key),
-                                    [self.batch.step_op(), output], work.dtype, stateful=False,
-                                    name=f"hvdcomp_{comp.method}_take")
+            batch, step = self.batch, self.batch.step_op()
+
+            def take():
+                return tf.numpy_function(functools.partial(batch.take, key), [step, output],
+                                         work.dtype, stateful=False,
+                                         name=f"hvdcomp_{comp.method}_take")
+            out = (take() if self.index is None else
+                   tf.cond(batch.plan_op()[self.index],
+                           lambda: batch.summed(self.index, step, output), take))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)

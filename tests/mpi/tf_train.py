@@ -47,18 +47,22 @@ xtr, ytr, xte, yte = x[:1400], y[:1400], x[1400:], y[1400:]
 xs, ys = xtr[rank::size], ytr[rank::size]
 
 
-def op_types(graph, counts):
-    """Op type -> count in ``graph`` and its nested functions; Horovod's conds (a tf.cond whose
-    true branch holds a HorovodAllreduce) counted as 'hvd:If' / 'hvd:StatelessIf'."""
+def op_types(graph, counts, seen=None):
+    """Op type -> count in ``graph`` and its nested functions, each function counted once (a
+    function nested two levels down is listed by both levels: ``seen``, the names counted);
+    Horovod's conds (a tf.cond whose true branch holds a HorovodAllreduce) counted as
+    'hvd:If' / 'hvd:StatelessIf'."""
+    seen = set() if seen is None else seen
     for op in graph.get_operations():
         counts[op.type] = counts.get(op.type, 0) + 1
         if op.type in ("If", "StatelessIf"):
             branch = graph._functions.get(op.get_attr("then_branch").name)
             if any(o.type == "HorovodAllreduce" for o in branch.graph.get_operations()):
                 counts["hvd:" + op.type] = counts.get("hvd:" + op.type, 0) + 1
-    for fn in graph._functions.values():  # cond branches and other nested functions
-        if getattr(fn, "graph", None) is not None:
-            op_types(fn.graph, counts)
+    for name, fn in graph._functions.items():  # cond branches and other nested functions
+        if getattr(fn, "graph", None) is not None and name not in seen:
+            seen.add(name)
+            op_types(fn.graph, counts, seen)
     return counts
 
 
