@@ -25,14 +25,16 @@ in magnitude become 0, and a sum beyond float16's range, +-65504, overflows to I
 which promise to catch every non-finite step).
 
 What is measured: each step's *exchange window*, from its first gradient handed to ``compress()``
-(in the backward pass; for a graph front end, the start of the step's reduction) to its last
-result handed back by ``decompress()`` (after Horovod's wait for its own allreduces; for a graph
-front end, its last per-gradient op, ``BatchedCompressor.handed_over``), taken on
+(in the backward pass; for a graph front end, its step's plan, ``horovod_plan``, which runs
+before the gradients reach Horovod, or where it has none, the start of the step's reduction) to
+its last result handed back by ``decompress()`` (after Horovod's wait for its own allreduces; for
+a graph front end, its last per-gradient op, ``BatchedCompressor.handed_over``), taken on
 every rank and agreed as the slowest rank's (it rides the next step's agreement all-gather,
 ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that
 allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
-the optimizer, the data loader, the user's evaluations and checkpoints between steps), so a pause
+the optimizer, the data loader, the user's evaluations and checkpoints between steps; a
+TensorFlow plan that runs before the forward pass adds its time to every candidate alike), so a pause
 of the training loop is not taken for a slow candidate. No cost model to be wrong. Each candidate
 is timed as it runs once chosen: passing every tensor on quiet steps (no collective of hvdcomp's,
 ``hvdcomp.engine.QuietSteps``) where they apply; a step that is not typical of its candidate (a

@@ -266,9 +266,12 @@ class BatchedCompressor:
         """The graph front ends' plan of a step, before its gradients are handed to Horovod: per
         key (a gradient of ``numels[i]`` elements that Horovod's allreduce could sum itself),
         whether it does this step (``Runtime.hands_to_horovod``; a method's message cannot be
-        sent from a graph, so a method that steps aside sends none)."""
+        sent from a graph, so a method that steps aside sends none). The step's exchange window
+        starts here (``hvdcomp.decision``): before Horovod sums any of them, so that what
+        passing costs the backward pass it overlaps is in it, as it is in PyTorch's."""
         with self._lock:
             rt = self.runtimes.for_set(process_set)
+            rt.decision.begin()
             return [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
 
     def handed_over(self, process_set=None):

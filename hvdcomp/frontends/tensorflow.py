@@ -419,6 +419,7 @@ class StepBatch:
         return self._plan
 
     def _planned(self):
+        """The plan (``plan_op``); the step's exchange window starts here (``horovod_plan``)."""
         keys = [k for k, s in zip(self.keys, self.sums) if s]
         numels = [self.tensors[k].shape.num_elements() for k in keys]
         summed = dict(zip(keys, self.compressor.horovod_plan(numels, keys, self.process_set)))
