@@ -434,7 +434,8 @@ class StepBatch:
 
     def step_op(self):
         """The batch's reduction op (its output: per key, the value a skipped step fills a
-        gradient that Horovod summed with, else +inf: ``summed``), built at the first call; it runs where Horovod's conds take their allreduce branch (this rank is in
+        gradient that Horovod summed with, else +inf: ``summed``), built at the first call; it
+        runs where Horovod's conds take their allreduce branch (this rank is in
         the process set, of 2+ ranks), and elsewhere does nothing, as the take ops then do not
         run either."""
         if self._step is None:
@@ -508,20 +509,23 @@ class StepBatch:
         step's reduction). ``step``: the batch op's output, the input that orders the two;
         ``reduced``: the reduced placeholder. (A gradient that Horovod summed: ``summed``.)"""
         flat = self.results.pop(key)
-        self.compressor.handed_over(self.process_set)  # the decision's window
+        self._handed_over()
         factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
+
+    def _handed_over(self, *_):
+        """A result of the step is handed over: the decision's exchange window ends here unless
+        another follows (``BatchedCompressor.handed_over``)."""
+        self.compressor.handed_over(self.process_set)
+        return np.int64(0)
 
     def summed(self, index, step, output):
         """The result of gradient ``index`` where Horovod summed it itself: ``output`` (its
         sum), or, where the step was skipped, the fill that the step op's output holds for it
         (``step[index]``; +inf: none), in graph ops (no copy of the sum through Python); after
         a scalar op that ends the decision's window once Horovod's sum is there."""
-        def handed_over(first):
-            self.compressor.handed_over(self.process_set)
-            return np.int64(0)
         flat = tf.reshape(output, [-1])
-        marked = tf.numpy_function(handed_over, [flat[:1]], tf.int64, stateful=False,
+        marked = tf.numpy_function(self._handed_over, [flat[:1]], tf.int64, stateful=False,
                                    name=f"hvdcomp_{self.compressor.method}_summed")
         fill = step[index]
         with tf.control_dependencies([marked]):

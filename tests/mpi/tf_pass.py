@@ -3,8 +3,8 @@ allreduce in the traced step (``hvdcomp.frontends.tensorflow.StepBatch.plan_op``
 MLP trains 70 steps through ``hvd.DistributedGradientTape`` in a ``tf.function`` (SGD momentum
 0.9) under Horovod's own ``Compression.none``, then under ``Marsit(decision='pass')``,
 ``Marsit(decision='pass', on_nonfinite='skip')`` and ``Marsit(decision='compress')``, and last
-under ``Marsit(decision='pass')`` with a NaN in the last rank's gradient at step 3
-(``on_nonfinite='propagate'``). Reports per run the bytes hvdcomp itself sent at each step
+6 steps under each of the two ``pass`` settings with a NaN in the last rank's gradients at
+step 3. Reports per run the bytes hvdcomp itself sent at each step
 (``last_stats.bytes_sent``), Horovod's bytes per step, how many steps left the ranks identical,
 the final variables' digest; for the NaN runs, the gradients returned at that step: whether
 each is all NaN, whether each is all zeros, and whether they are identical across ranks."""
@@ -39,6 +39,7 @@ def digest(variables):
 
 def identical(variables):
     return len(set(MPI.COMM_WORLD.allgather(digest(variables)))) == 1
+
 
 out = {}
 runs = {"none": lambda: hvd.Compression.none,
