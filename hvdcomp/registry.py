@@ -207,13 +207,13 @@ EXPECT = {
                        ("k", 0), ("k", -3), ("k", 2.5), ("ratio", 0), ("ratio", 1.5),
                        ("ratio", float("nan")), ("path", "ring"), ("selection", "sort"),
                        ("bidirectional", "yes")) + _COMMON_INVALID),
-    # the default sketch (3 x 2k per 5% of elements, plus k exact values: 7k floats) sends
-    # 0.35 of fp32's bytes (2.8x fewer on the digits model)
+    # the default sketch (1 x 2k per 5% of elements, plus k exact values: 3k halves) sends
+    # 0.075 of fp32's bytes (12x fewer on the digits MLP)
     "SketchFusion": Expect("identity", 2.5, traffic="two-rings",
                            one_rank_kwargs={"ratio": 1.0, "rows": 1, "width": 1},
                            test_kwargs={"ratio": 0.1, "rows": 3, "width": 4}, invalid=(
                                ("ratio", 0), ("ratio", 1.5), ("rows", 0), ("cols", 0),
-                               ("width", 0), ("exact", "yes"), ("seed", -1),
+                               ("width", 0), ("exact", "yes"), ("seed", -1), ("wire", 16),
                                ("min_compress_numel", -1), ("on_nonfinite", "ignore"))),
     # the vote counted along a ring (hvdcomp.comm.votes): 2.75 bits per element at 4 ranks,
     # ~15x fewer bytes than fp32 with the metadata

@@ -4,22 +4,30 @@
 Per flush, all large gradients are compensated (``a = e + g``) and fused into one vector of n
 elements (as Marsit does: one message for the whole step); k = ceil(ratio * n).
 
-What travels, per rank and step (float32, plain ring all-reduces ``hvdcomp.comm.ring``: its
-messages are large, where MPI's own all-reduce was 1.4-1.5x slower at 300 Mbit/s on 4 hosts,
-session 48, see ``hvdcomp.comm.ring``):
-- the r x c sketch: ``2 (size-1)/size * 4 r c`` bytes (sketches are linear: summed);
+What travels, per rank and step (plain ring all-reduces ``hvdcomp.comm.ring``: its messages are
+large, where MPI's own all-reduce was 1.4-1.5x slower at 300 Mbit/s on 4 hosts, session 48, see
+``hvdcomp.comm.ring``), as float16 (``wire``, default; ``hvdcomp.comm.float16_allreduce``) or
+float32, ``b`` bytes per value:
+- the r x c sketch: ``2 (size-1)/size * b r c`` bytes (sketches are linear: summed);
 - with ``exact=True`` (default) the k exact values at the selected positions:
-  ``2 (size-1)/size * 4 k`` bytes. No indices: every rank unsketches the same summed table and
+  ``2 (size-1)/size * b k`` bytes. No indices: every rank unsketches the same summed table and
   takes the same k positions.
-With the defaults (ratio 0.05, rows 3, cols 2 k) that is ``7 k`` floats, i.e. 0.35 of a dense
-fp32 ring all-reduce's volume ``n`` (2.8x fewer bytes on the digits model, 1.4x fewer than fp16).
-The default was 0.01 (1/14 of fp32's bytes), chosen for bytes; chosen by time to accuracy
-(benchmarks/convergence.py --tasks recipes, 3 seeds), 0.01 missed the uncompressed accuracy by
-8.8 pp on a plain-SGD MLP after the same epochs (it needed about 4x the epochs) and by 3.3 pp on a
-CNN with momentum and a cosine schedule, 0.02 by 2 pp, while 0.05 is within 0.3 pp on both. A
-sketch of 3 x 2k is too narrow to recover the heavy hitters precisely: the k positions it picks are
-noisy, the exact second round sends their true sums, and error feedback keeps what it missed; a
-larger k picks more of the right ones.
+With the defaults (ratio 0.05, rows 1, cols 2 k, float16) that is ``3 k`` halves, i.e. 0.075 of
+a dense fp32 ring all-reduce's volume ``n`` (12x fewer bytes on the digits MLP; 2.4 bits per
+element). Over a float16 wire each rank keeps its own rounding of the exact values in its memory;
+the sketch's rounding only moves which positions are picked.
+
+How the defaults were chosen, by time to accuracy (benchmarks/convergence.py --tasks recipes, 3
+seeds, every step compressed): the first default, ratio 0.01 with 3 x 2k float32 (1/14 of fp32's
+bytes), missed the uncompressed accuracy by 8.8 pp on a plain-SGD MLP after the same epochs (it
+needed about 4x the epochs) and by 3.3 pp on a CNN with momentum and a cosine schedule, 0.02 by
+2 pp: density is what the sparse step needs. 0.05 with 3 x 2k float32 (7k floats, 0.35 of fp32)
+was within 0.3 pp on both. Session 50 kept the density and cut the bytes: 3 x 2k float16 -0.19
+/ +0.46 pp (0.18 of fp32), 3 x k float16 -0.46 / -0.28 (0.11), 1 x 2k float16 -0.28 / +0.09
+(0.08; the default), against float32's 3 x 2k -0.09 / +0.09 in the same job. A sketch of 3 x 2k
+is too narrow to recover the heavy hitters precisely anyway: the k positions it picks are noisy,
+the exact second round sends their true sums, and error feedback keeps what it missed; one row
+picks whole buckets (about ``1 / (width ratio)`` positions share each), and the same holds.
 
 Under the user's Adam/AdamW (its momentum sent, see ``hvdcomp.preconditioning.FollowAdam``) a
 step sends ``momentum_ratio`` (default 0.2) of the fused momentum through a one-row sketch as
@@ -40,7 +48,7 @@ from hvdcomp.algorithms import sketch as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.sketch import hashes
 from hvdcomp.backend.topk import topk_exact
-from hvdcomp.comm import ring_allreduce
+from hvdcomp.comm import float16_allreduce, ring_allreduce
 from hvdcomp.method import Method
 
 
@@ -85,12 +93,16 @@ class SketchFusion(Method):
             row of k columns (``rows``, ``cols``, ``width`` then unused). Default 0.2 (see the
             module docstring).
         rows: rows r of the sketch (independent hashes; the estimate is their median), >= 1.
-            Default 3.
+            Default 1 (see the module docstring).
         cols: columns c of the sketch; None (default) means ``width * k``. Must be >= k (checked
             when the step's n is known, on every rank alike).
         width: c / k when ``cols`` is None, >= 1 (a sketch narrower than k is refused). Default 2.
         exact: True (default): a second all-reduce sums the exact values at the k positions;
             False: apply the sketch's estimates (one round).
+        wire: "float16" (default): the summed table and the exact values travel as float16
+            (``hvdcomp.comm.float16_allreduce``: half the bytes; each rank's own rounding of
+            its exact values stays in its memory; where a sum overflows float16, every rank
+            sums that buffer again in float32); "float32": as before session 50.
         seed: seed of the hashes (identical on every rank), >= 0.
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
             hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``).
@@ -100,19 +112,20 @@ class SketchFusion(Method):
     name = "SketchFusion"
     n_scalars = 0
 
-    def __init__(self, ratio=0.05, *, momentum_ratio=0.2, rows=3, cols=None, width=2,
-                 exact=True):
+    def __init__(self, ratio=0.05, *, momentum_ratio=0.2, rows=1, cols=None, width=2,
+                 exact=True, wire="float16"):
         self.ratio = validate.fraction("ratio", ratio)
         self.momentum_ratio = validate.fraction("momentum_ratio", momentum_ratio)
         self.rows = validate.count("rows", rows, 1)
         self.cols = validate.optional_count("cols", cols, 1)
         self.width = validate.count("width (cols per selected position)", width, 1)
         self.exact = validate.flag("exact", exact)
+        self.wire = validate.choice("wire", wire, ("float16", "float32"))
         kernels.warm("sketch")
 
     def settings(self):
         return {"ratio": self.ratio, "momentum_ratio": self.momentum_ratio, "rows": self.rows,
-                "cols": self.cols, "width": self.width, "exact": self.exact}
+                "cols": self.cols, "width": self.width, "exact": self.exact, "wire": self.wire}
 
     def shape_for(self, n, momentum=False):
         """``(k, rows, cols)`` used for a fused step of ``n`` elements (ValueError if cols < k);
@@ -127,6 +140,13 @@ class SketchFusion(Method):
             raise ValueError(f"{self.name}: the sketch has {c} columns but k = {k} positions "
                              f"are selected (n = {n}, ratio = {self.ratio}); raise cols")
         return k, self.rows, c
+
+    def _summed(self, ctx, buf):
+        """``(sums, sent)`` of the host float32 ``buf`` over ``ctx``'s ranks on this method's
+        ``wire`` (``hvdcomp.comm.float16_allreduce``, or the float32 ring: ``sent`` is ``buf``)."""
+        if self.wire == "float16":
+            return float16_allreduce(ctx, buf)
+        return ring_allreduce(ctx, buf), buf
 
     def prepare(self, batch):
         for e in batch.entries:
@@ -148,22 +168,24 @@ class SketchFusion(Method):
             h = hashes(fused.shape[0], rows, cols, self.seed)
             table = xp.to_host(sketch_of(fused, h))
         with batch.phase("comm"):
-            ring_allreduce(ctx, table)
+            table = self._summed(ctx, table)[0]
         with batch.phase("decode"):
             scratch = (None if device is not None else
                        batch.store.scratch_bytes(ESTIMATES, 4 * h.n).view(np.float32))
             idx, sums = heavy_hitters(table, h, k, device, scratch)
+        sent = None
         if self.exact:
             with batch.phase("comm"):
-                sums = ring_allreduce(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
-                                                                dtype=np.float32))
+                sums, sent = self._summed(ctx, np.ascontiguousarray(xp.to_host(fused[idx]),
+                                                                    dtype=np.float32))
         out, off = [], 0
         with batch.phase("decode"):
             # the fused vector is a new array (several tensors) or an owned buffer: the memory
             # is written into it; only a lone unowned gradient (a first step) is copied
             owned = len(entries) > 1 or entries[0].owned
             values = alg.step_values(sums, ctx.size, fused)
-            memory = alg.residual(fused, idx, values, self.exact, copy=not owned)
+            memory = alg.residual(fused, idx, values, self.exact, copy=not owned,
+                                  sent=None if self.wire == "float32" else sent)
             # each tensor's step is spread into its own buffer (the user's gradient where
             # allowed: nothing reads the gradients any more), from its run of the sorted idx
             cuts = xp.searchsorted(idx, np.cumsum([0] + [e.numel for e in entries]))

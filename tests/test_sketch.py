@@ -123,7 +123,7 @@ def test_apply_conserves_mass_both_ways():
 @pytest.mark.parametrize("kwargs", [{"ratio": 0}, {"ratio": 1.5}, {"ratio": -0.1},
                                     {"ratio": float("nan")}, {"ratio": "0.1"}, {"ratio": True},
                                     {"rows": 0}, {"rows": 2.5}, {"cols": 0}, {"width": 0},
-                                    {"exact": "yes"}, {"seed": -1},
+                                    {"exact": "yes"}, {"seed": -1}, {"wire": "bfloat16"},
                                     {"on_nonfinite": "ignore"}, {"min_compress_numel": -1}])
 def test_invalid_settings_rejected_at_construction(kwargs):
     with pytest.raises(ValueError):
@@ -132,9 +132,11 @@ def test_invalid_settings_rejected_at_construction(kwargs):
 
 def test_settings_and_shapes():
     s = hvdcomp.SketchFusion()
-    assert (s.ratio, s.rows, s.cols, s.width, s.exact) == (0.05, 3, None, 2, True)
+    assert (s.ratio, s.rows, s.cols, s.width, s.exact, s.wire) == (0.05, 1, None, 2, True,
+                                                                    "float16")
     k, rows, cols = s.shape_for(84_480)
-    assert (k, rows, cols) == (4224, 3, 8448) and (rows * cols + k) / 84_480 < 0.36  # 7k floats
+    # 3k halves: 0.075 of fp32's bytes
+    assert (k, rows, cols) == (4224, 1, 8448) and (rows * cols + k) * 2 / (4 * 84_480) < 0.076
     assert hvdcomp.SketchFusion(0.5, rows=1, cols=600).shape_for(1000) == (500, 1, 600)
     with pytest.raises(ValueError, match="raise cols"):
         hvdcomp.SketchFusion(0.5, cols=100).shape_for(1000)
@@ -222,6 +224,12 @@ def test_three_ranks_identical_and_match_reference():
         assert r["replay"] == [True, True]  # state_dict round trip replays bit for bit
         assert r["planted_hit"] == 50 and r["out_nonzero"] == r["k"]
         assert r["wire"] * 4 / 3 <= r["bytes_sent"] <= r["wire"] * 4 / 3 + 256
+        # the default float16 wire: half the bytes (steps 0-2; step 3 overflows: float32)
+        assert all(r["wire"] * 2 / 3 <= b <= r["wire"] * 2 / 3 + 256 for b in r["half_bytes"][:3])
+        assert r["half_bytes"][3] > r["wire"] * 4 / 3  # float16 tried, then float32
+        assert r["half_same"] and r["half_planted"][:3] == [50] * 3  # step 3: the 1e6 one
+        assert r["half_error"] <= 1 and r["half_conserved"] <= 1  # within float16's rounding
+        assert r["fallback_error"] < 1e-5 and r["fallback_memory_zero"]
 
 
 @pytest.mark.parametrize("rows", range(1, 12))

@@ -9,12 +9,15 @@ Per step, on every rank i, for the step's fused gradient vector g (length n, flo
 4. ``G = heavy_hitters(S, k)``         (every rank unsketches the same S: the same k positions)
 5. values: with ``exact=True`` the exact sums ``sum_i a_i[G]`` (a second ring all-reduce of a
    k-vector; no indices travel, every rank knows G); with ``exact=False`` the sketch's
-   estimates ``unsketch(S)[G]``.
+   estimates ``unsketch(S)[G]``. Steps 3 and 5 may travel as float16 (``wire``): then the
+   sums are of each rank's values rounded to float16, each hop's partial sum rounded once.
 6. every rank applies ``values / size`` at G and 0 elsewhere.
 7. memory: ``exact=True``: ``e = a`` with zeros at G (this rank contributed exactly ``a_i[G]``
-   to the applied sum, so that mass leaves its memory); ``exact=False``: ``e = a - applied``
+   to the applied sum, so that mass leaves its memory; over a float16 wire, ``a_i[G]`` less
+   what it sent, its own rounding, stays); ``exact=False``: ``e = a - applied``
    at G (each rank gives up an equal share of the estimate). Either way
-   ``sum_i e_i + size * applied == sum_i a_i`` (mass is conserved up to rounding).
+   ``sum_i e_i + size * applied == sum_i a_i`` (mass is conserved up to rounding: float32's, or
+   over a float16 wire, that of the float16 partial sums).
 
 Why worker-side error feedback rather than FetchSGD's sketch-space momentum/error (S_u, S_e
 kept on the summed table, identical on every rank): the memory is exact (no sketch collision
@@ -70,13 +73,16 @@ def step_values(sums, size, like):
     return np.asarray(sums, dtype=np.float32) / np.float32(size)
 
 
-def residual(a, indices, values, exact=True, copy=True):
+def residual(a, indices, values, exact=True, copy=True, sent=None):
     """This rank's new memory from its ``a`` (float32), the selected ``indices`` and the step's
-    ``values`` there: ``a`` with zeros at them (``exact``: this rank gave its exact values) or
-    less ``values`` (estimates). ``copy=False``: written into ``a`` itself (a buffer the caller
-    owns)."""
+    ``values`` there: ``a`` less what this rank gave at them (``exact``: its exact values, i.e.
+    zeros, or ``a - sent`` where ``sent`` holds the values it put on the wire, e.g. rounded to
+    float16: host or ``a``'s kind) or less ``values`` (estimates). ``copy=False``: written into
+    ``a`` itself (a buffer the caller owns)."""
     memory = (a.clone() if is_torch(a) else a.copy()) if copy else a
-    if exact:
+    if exact and sent is not None:
+        memory[indices] -= xp.from_host(sent, a)
+    elif exact:
         memory[indices] = 0
     else:
         memory[indices] -= values

@@ -6,8 +6,10 @@ compression method produced them. Methods plug in through a per-hop ``combine`` 
 """
 from hvdcomp.comm.context import (CommContext, existing_context, get_context, world_rank,
                                   world_size)
-from hvdcomp.comm.ring import mean_allreduce, mpi_allreduce, ring_allreduce, sum_combine
+from hvdcomp.comm.ring import (float16_allreduce, mean_allreduce, mpi_allreduce,
+                               ring_allreduce, sum_combine)
 from hvdcomp.comm.stats import CommStats
 
 __all__ = ["CommContext", "existing_context", "get_context", "world_rank", "world_size",
-           "mean_allreduce", "mpi_allreduce", "ring_allreduce", "sum_combine", "CommStats"]
+           "float16_allreduce", "mean_allreduce", "mpi_allreduce", "ring_allreduce",
+           "sum_combine", "CommStats"]
