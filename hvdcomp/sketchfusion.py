@@ -143,10 +143,11 @@ class SketchFusion(Method):
 
     def _summed(self, ctx, buf):
         """``(sums, sent)`` of the host float32 ``buf`` over ``ctx``'s ranks on this method's
-        ``wire`` (``hvdcomp.comm.float16_allreduce``, or the float32 ring: ``sent`` is ``buf``)."""
+        ``wire`` (``hvdcomp.comm.float16_allreduce``, or the float32 ring: ``sent`` None, i.e.
+        ``buf`` itself went)."""
         if self.wire == "float16":
             return float16_allreduce(ctx, buf)
-        return ring_allreduce(ctx, buf), buf
+        return ring_allreduce(ctx, buf), None
 
     def prepare(self, batch):
         for e in batch.entries:
@@ -184,8 +185,7 @@ class SketchFusion(Method):
             # is written into it; only a lone unowned gradient (a first step) is copied
             owned = len(entries) > 1 or entries[0].owned
             values = alg.step_values(sums, ctx.size, fused)
-            memory = alg.residual(fused, idx, values, self.exact, copy=not owned,
-                                  sent=None if self.wire == "float32" else sent)
+            memory = alg.residual(fused, idx, values, self.exact, copy=not owned, sent=sent)
             # each tensor's step is spread into its own buffer (the user's gradient where
             # allowed: nothing reads the gradients any more), from its run of the sorted idx
             cuts = xp.searchsorted(idx, np.cumsum([0] + [e.numel for e in entries]))

@@ -75,10 +75,10 @@ def step_values(sums, size, like):
 
 def residual(a, indices, values, exact=True, copy=True, sent=None):
     """This rank's new memory from its ``a`` (float32), the selected ``indices`` and the step's
-    ``values`` there: ``a`` less what this rank gave at them (``exact``: its exact values, i.e.
-    zeros, or ``a - sent`` where ``sent`` holds the values it put on the wire, e.g. rounded to
-    float16: host or ``a``'s kind) or less ``values`` (estimates). ``copy=False``: written into
-    ``a`` itself (a buffer the caller owns)."""
+    ``values`` there: ``a`` less what this rank gave at them (``exact``: zeros where it sent its
+    values as they were, ``sent`` None; else ``a - sent``, ``sent`` holding what it put on the
+    wire, e.g. rounded to float16: host or ``a``'s kind) or less ``values`` (estimates).
+    ``copy=False``: written into ``a`` itself (a buffer the caller owns)."""
     memory = (a.clone() if is_torch(a) else a.copy()) if copy else a
     if exact and sent is not None:
         memory[indices] -= xp.from_host(sent, a)

@@ -97,17 +97,18 @@ def ring_allreduce(ctx, buf, combine=sum_combine):
 def float16_allreduce(ctx, buf):
     """Sum ``buf`` (a contiguous 1-D float32 NumPy array, the same length on every rank) over
     ``ctx``'s ranks with float16 on the wire (half the bytes of ``ring_allreduce(ctx, buf)``);
-    returns ``(sums, sent)``, both float32 arrays of ``buf``'s length:
-    - ``sums``: the ring all-reduce of ``buf`` rounded to float16, each hop's partial sum rounded
-      to float16 once (as Horovod's fp16 compression sums), identical on every rank;
-    - ``sent``: what this rank contributed (``buf`` rounded to float16), so that a caller with
-      error feedback keeps ``buf - sent`` (its own rounding) for a later step.
+    returns ``(sums, sent)``:
+    - ``sums``: float32, the ring all-reduce of ``buf`` rounded to float16, each hop's partial sum
+      rounded to float16 once (as Horovod's fp16 compression sums), identical on every rank;
+    - ``sent``: float32, what this rank contributed (``buf`` rounded to float16), so that a
+      caller with error feedback keeps ``buf - sent`` (its own rounding) for a later step; None
+      where ``buf`` itself was sent.
     Where the float16 sums are not all finite (a value or a partial sum beyond float16's 65504;
     every rank sees the same sums, so every rank takes the same branch), a copy of ``buf`` is
-    summed again in float32 (``ring_allreduce``) and ``sent`` is ``buf`` itself. ``buf`` is not
-    written. With one rank: ``(buf, buf)``, nothing rounded."""
+    summed again in float32 (``ring_allreduce``): ``sent`` is None. ``buf`` is not written. With
+    one rank: ``(buf, None)``, nothing rounded."""
     if ctx.size == 1:
-        return buf, buf  # nothing travels: nothing is rounded
+        return buf, None  # nothing travels: nothing is rounded
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below
         half = buf.astype(np.float16)
         sent = half.astype(np.float32)
@@ -115,7 +116,7 @@ def float16_allreduce(ctx, buf):
     sums = half.astype(np.float32)
     if np.isfinite(sums).all():
         return sums, sent
-    return ring_allreduce(ctx, buf.copy()), buf
+    return ring_allreduce(ctx, buf.copy()), None
 
 
 def mpi_allreduce(ctx, buf):
