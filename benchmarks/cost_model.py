@@ -1,13 +1,19 @@
 """A cost model of one gradient all-reduce per method, fitted to allreduce_bench.py's records
 (one or several emulated layouts: hosts x ranks per host; one or several runs of each):
 
-    time = a * rounds + b * link_bytes / bandwidth + c * elements + d
+    time = a * rounds + b * link_bytes / bandwidth + c * codec_elements
+           + e * stage_elements + d
 
 a: seconds per sequential message round (latency, a collective's set-up, the wait for the
 slowest rank), b: seconds per (byte / (bytes/s)) on the busiest host link (1.0 would be a link
-used at exactly its shaped rate), c: encode/decode/merge seconds per element on a core of its
-own (fitted on ``elements`` times the run's ranks per core: the emulated ranks share the
-machine's cores; predictions take one core per rank), d: seconds per call whatever the layout
+used at exactly its shaped rate), c: encode/decode/merge seconds per element of the method's
+codec on a core of its own (``codec_elements``: the gradient's elements, or in node stages the
+rank's shard of them, elements / ranks per node; fitted on them times the run's ranks per core:
+the emulated ranks share the machine's cores; predictions take one core per rank), e: seconds
+per element of the node stages' float32 passes (``stage_elements``: the gradient's elements in
+node stages, else 0; session 50: with one term for both, c, SketchFusion's staged fit missed
+2 x 2 and 4 x 1 by 20% in opposite directions, its codec work per rank being half as large at 2
+x 2), d: seconds per call whatever the layout
 and size (hvdcomp's per-call Python, the batch's agreement all-gather, a collective's set-up:
 without it the fixed cost lands on a or c, and the small sizes miss). ``rounds`` is the
 method's count of sequential rounds for the layout (``rounds`` below), ``link_bytes`` what left
@@ -89,6 +95,14 @@ def traffic_scale(method, nodes, per_node):
             }.get(law(method), lambda: 2 * (p - 1) / p)()
 
 
+def work(method, nodes, per_node, elements):
+    """``(codec_elements, stage_elements)`` of one rank for a gradient of ``elements``: in node
+    stages the method codes the rank's shard and the stages pass over every element."""
+    if staged(method, nodes, per_node):
+        return elements / per_node, float(elements)
+    return float(elements), 0.0
+
+
 def rounds(method, nodes, per_node):
     if staged(method, nodes, per_node):
         return rounds(method, nodes, 1) + 2
@@ -145,13 +159,14 @@ def sharing(r):
 
 
 def fit(points):
-    """points: (time, rounds, bytes, bandwidth B/s, elements) -> (a, b, c, d), relative
-    errors. The non-negative coefficients with the smallest largest relative error over the
-    points (a Chebyshev fit, a linear program): the model is held to its largest error on each
-    layout, which a least-squares fit leaves to a few points (9-29% on session 48's pooled
-    data before TopK's and PowerSGD's re-measure, where this fit gave 8-22%)."""
+    """points: (time, rounds, bytes, bandwidth B/s, *elements) -> (a, b, *c, d) (one c per
+    elements column), relative errors. The non-negative coefficients with the smallest largest
+    relative error over the points (a Chebyshev fit, a linear program): the model is held to
+    its largest error on each layout, which a least-squares fit leaves to a few points (9-29%
+    on session 48's pooled data before TopK's and PowerSGD's re-measure, where this fit gave
+    8-22%)."""
     t = np.array([p[0] for p in points])
-    X = np.array([[p[1], p[2] / p[3], p[4], 1.0] for p in points], dtype=np.float64)
+    X = np.array([[p[1], p[2] / p[3], *p[4:], 1.0] for p in points], dtype=np.float64)
     rel = X / t[:, None]  # relative error of coefficients c: rel @ c - 1
     scale = rel.max(axis=0)
     scale[scale == 0] = 1.0
@@ -168,7 +183,7 @@ def fit(points):
 
 
 def fit_all(recs):
-    """Per method: ``(a, b, c, d, link bytes per element per unit of traffic law)``, and the
+    """Per method: ``(a, b, c, e, d, link bytes per element per unit of traffic law)``, and the
     relative errors per layout."""
     order = [m for m in ORDER if any(base(r["method"]) == m for r in recs)]
     methods = sorted({r["method"] for r in recs}, key=lambda m: (order.index(base(m)), m))
@@ -176,11 +191,11 @@ def fit_all(recs):
     for m in methods:
         mine = [r for r in recs if r["method"] == m]
         pts = [(r["seconds"], rounds(m, *layout(r)), link_bytes(r), r["rate_bps"] / 8,
-                r["elements"] * sharing(r)) for r in mine]
-        (a, b, c, d), rel = fit(pts)
+                *(w * sharing(r) for w in work(m, *layout(r), r["elements"]))) for r in mine]
+        (a, b, c, e, d), rel = fit(pts)
         per_law = float(np.median([link_bytes(r) / r["elements"] / traffic_scale(m, *layout(r))
                                    for r in mine]))
-        models[m] = (a, b, c, d, per_law)
+        models[m] = (a, b, c, e, d, per_law)
         for r, e in zip(mine, rel):
             errors.setdefault(m, {}).setdefault(layout(r), []).append(e)
     return models, errors
@@ -194,18 +209,19 @@ def main():
     models, errors = fit_all(recs)
     layouts = sorted({layout(r) for r in recs})
     names = [f"{h}x{k}" for h, k in layouts]
-    print("## Cost model: time = a * rounds + b * link_bytes / bandwidth + c * elements + d\n")
+    print("## Cost model: time = a * rounds + b * link_bytes / bandwidth + c * codec_elements "
+          "+ e * stage_elements + d\n")
     runs = sorted({r["runs"] for r in recs})
     span = str(runs[0]) if runs[0] == runs[-1] else f"{runs[0]}-{runs[-1]}"
     print(f"Fitted on {len(recs)} points (layouts {', '.join(names)}; each the median of {span} "
           f"runs; from {', '.join(f'`{p}`' for p in paths)}).\n")
-    print("| method | a (ms/round) | b | c (ns/element) | d (ms) | " + " | ".join(
+    print("| method | a (ms/round) | b | c (ns/element) | e (ns/element) | d (ms) | " + " | ".join(
         f"max rel. error {n}" for n in names) + " |")
-    print("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " |")
-    for m, (a, b, c, d, _) in models.items():
+    print("| --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " |")
+    for m, (a, b, c, e, d, _) in models.items():
         errs = [errors[m].get(lay) for lay in layouts]
-        cells = ["" if e is None else f"{np.max(np.abs(e)) * 100:.0f}%" for e in errs]
-        print(f"| {m} | {a*1e3:.2f} | {b:.2f} | {c*1e9:.1f} | {d*1e3:.1f} | "
+        cells = ["" if err is None else f"{np.max(np.abs(err)) * 100:.0f}%" for err in errs]
+        print(f"| {m} | {a*1e3:.2f} | {b:.2f} | {c*1e9:.1f} | {e*1e9:.1f} | {d*1e3:.1f} | "
               + " | ".join(cells) + " |")
     print()
     for n in (25_000_000, 100_000_000):
@@ -215,8 +231,9 @@ def main():
         print("| method | " + " | ".join(heads) + " |")
         print("| --- | " + " | ".join("---:" for _ in heads) + " |")
         pred = {m: [a * rounds(m, N, L) + b * per_law * traffic_scale(m, N, L) * n
-                    / (g * 1e9 / 8) + c * n + d for N, L in PREDICT for g in (10, 25)]
-                for m, (a, b, c, d, per_law) in models.items()}
+                    / (g * 1e9 / 8) + np.dot((c, e), work(m, N, L, n)) + d
+                    for N, L in PREDICT for g in (10, 25)]
+                for m, (a, b, c, e, d, per_law) in models.items()}
         ref = pred.get("hvd-fp32")
         for m, ts in pred.items():
             cells = [f"{t*1e3:.0f}" + (f" ({ref[i]/t:.1f}x)" if ref else "")

@@ -42,3 +42,25 @@ def test_pooled_points_take_the_median_of_the_runs_and_powersgd_vectors_are_left
     assert recs["Marsit"]["seconds"] == 2.5 and recs["Marsit"]["runs"] == 3
     assert recs["Marsit"]["link_bytes_per_host"] == 25.0
     assert recs["PowerSGD"]["seconds"] == 2.0 and recs["PowerSGD"]["columns"] == 10
+
+
+def test_node_stages_split_the_work_into_the_shard_coded_and_every_element_passed():
+    # hvdcomp's node stages: the method codes the rank's shard, the stages pass over everything
+    assert cost_model.work("SketchFusion", 2, 4, 1000) == (250.0, 1000.0)
+    # one rank per node, flat, or a method with its own stages: the whole gradient is coded
+    for method, layout in (("SketchFusion", (4, 1)), ("SketchFusion@hierarchy=flat", (2, 2)),
+                           ("BinSGDM", (2, 2)), ("hvd-fp32", (2, 2))):
+        assert cost_model.work(method, *layout, 1000) == (1000.0, 0.0)
+    # two work columns are fitted apart: a staged 2 x 2 and a flat 4 x 1 of the same size,
+    # whose single-term fit would miss both, are recovered exactly
+    a, b, c, e, d = 1e-3, 1.0, 1e-8, 2e-9, 5e-3
+    points = []
+    for n in (1e6, 4e6):
+        for bw in (3.75e7, 1.25e8):
+            for layout in ((2, 2), (4, 1)):
+                codec, stage = cost_model.work("SketchFusion", *layout, n)
+                rounds = cost_model.rounds("SketchFusion", *layout)
+                t = a * rounds + b * 0.1 * n / bw + c * codec + e * stage + d
+                points.append((t, rounds, 0.1 * n, bw, codec, stage))
+    coef, rel = cost_model.fit(points)
+    assert np.max(np.abs(rel)) < 1e-6 and np.allclose(coef, [a, b, c, e, d], rtol=1e-3)
