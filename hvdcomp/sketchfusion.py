@@ -31,7 +31,8 @@ picks whole buckets (about ``1 / (width ratio)`` positions share each), and the 
 
 Under the user's Adam/AdamW (its momentum sent, see ``hvdcomp.preconditioning.FollowAdam``) a
 step sends ``momentum_ratio`` (default 0.2) of the fused momentum through a one-row sketch as
-wide as k (``k`` columns), i.e. ``2 k`` floats, 0.4 of fp32's bytes. Why: Adam moves every
+wide as k (``k`` columns), i.e. ``2 k`` values: halves by default, 0.2 of fp32's bytes (0.4
+with ``wire="float32"``). Why: Adam moves every
 coordinate by about its learning rate at every step, so a coordinate left out of the step loses
 its move, not only its delay (as for TopK's ``momentum_ratio``): density matters more than the
 precision of the selection, which the exact second round and the error feedback make up for.
