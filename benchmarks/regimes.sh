@@ -16,11 +16,12 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
 MODELS=${MODELS:-"resnet18 gpt"}
-RATES_resnet18=${RATES_resnet18:-"10gbit 3gbit 1gbit 300mbit"}
-RATES_gpt=${RATES_gpt:-"3gbit 1gbit 300mbit 100mbit"}
-RATES_resnet50=${RATES_resnet50:-"3gbit 1gbit 300mbit"}
-RATES_tf_tape=${RATES_tf_tape:-"1gbit 300mbit"}
-RATES_tf_keras=${RATES_tf_keras:-"1gbit 300mbit"}
+RATES_resnet18=${RATES_resnet18-"10gbit 3gbit 1gbit 300mbit"}
+RATES_gpt=${RATES_gpt-"3gbit 1gbit 300mbit 100mbit"}
+RATES_resnet50=${RATES_resnet50-"3gbit 1gbit 300mbit"}
+RATES_tf_tape=${RATES_tf_tape-"1gbit 300mbit"}
+RATES_tf_keras=${RATES_tf_keras-"1gbit 300mbit"}
+# RATES_<model>= (set, empty) runs none of that model's links (only its "-big" row, if any).
 # The lowest r: the fastest link with 2.5x (resnet18: 160-pixel images) or 8x (gpt: batch 8)
 # the computation; labelled "<rate>-big". Set BIG_RATE= (empty) to skip it.
 BIG_resnet18=${BIG_resnet18-"--image 160"}
