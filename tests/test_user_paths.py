@@ -56,9 +56,7 @@ def travels_as_float16(name):
     """Whether test name ``name``'s values travel as float16 (SketchFusion's default wire)."""
     if name == "none":  # Horovod's own
         return False
-    made = variants.make(name)
-    instance = made.default() if isinstance(made, type) else made
-    return getattr(instance, "wire", "float32") == "float16"
+    return getattr(variants.compressor_object(variants.make(name)), "wire", None) == "float16"
 
 
 @pytest.fixture(scope="module")

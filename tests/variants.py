@@ -55,6 +55,15 @@ def make(name):
     return registry.build(preset, **overrides)
 
 
+def compressor_object(compression):
+    """The hvdcomp instance behind ``compression`` (the default instance for a bare class), or
+    None for Horovod's own compressions."""
+    import hvdcomp
+    if isinstance(compression, type) and issubclass(compression, hvdcomp.BatchedCompressor):
+        return compression.default()
+    return compression if isinstance(compression, hvdcomp.BatchedCompressor) else None
+
+
 def rates(name, task):
     """``(lr, momentum)`` of test name ``name`` (or of Horovod's 'none'/'fp16') for ``task``."""
     return registry.lr_momentum(preset_of(name), task)

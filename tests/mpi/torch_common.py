@@ -53,13 +53,7 @@ def compression_for(name):
     return variants.make(name)
 
 
-def compressor_object(compression):
-    """The hvdcomp instance behind ``compression`` (the default instance for a bare class), or
-    None for Horovod's own compressions."""
-    import hvdcomp
-    if isinstance(compression, type) and issubclass(compression, hvdcomp.BatchedCompressor):
-        return compression.default()
-    return compression if isinstance(compression, hvdcomp.BatchedCompressor) else None
+compressor_object = variants.compressor_object
 
 
 def build(compression, lr, momentum, hidden=256, state=None):
