@@ -159,7 +159,7 @@ def add_args(ap):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-warmup", type=int, default=30)
+    ap.add_argument("--max-warmup", type=int, default=45)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--sequential", action="store_true")

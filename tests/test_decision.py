@@ -97,6 +97,34 @@ def test_a_hopeless_candidate_is_dropped_after_one_sample():
     assert d.phase == "hold" and d.threshold == NEVER
 
 
+def feed_as_the_engine(d, steps, times, first_extra, numels=(16384, 2560, 10)):
+    """As the step engine feeds a decision: a step runs the threshold in force as it begins,
+    and observes the previous step's window; a candidate's first step after a switch
+    takes ``first_extra[threshold]`` more (Horovod negotiates its changed tensors anew)."""
+    ran, seen = None, []
+    for _ in range(steps):
+        t = d.threshold  # its tensors were handed over in the backward pass, before observe
+        seen.append(t)
+        d.observe(0.0 if ran is None else ran[1], numels)
+        ran = (t, times[t] + (first_extra[t] if ran is not None and ran[0] != t else 0.0))
+    return seen
+
+
+def test_a_candidates_slow_first_step_does_not_decide_the_screen():
+    """Compressing every tensor is the fastest (10 ms) but its first step after a switch costs
+    50 ms more (the largest tensors': 10 ms more): counted as its one screen sample (settle 1),
+    it would be dropped for the largest tensors (14 ms); the default settles past it."""
+    times = {1024: 0.010, 16384: 0.014, NEVER: 0.030}
+    extra = {1024: 0.050, 16384: 0.010, NEVER: 0.010}
+    d = Decision("measure", 1024, settle=1)
+    feed_as_the_engine(d, 40, times, extra)
+    assert d.phase == "hold" and d.threshold == 16384  # what a single first step shows
+    d = Decision("measure", 1024)
+    feed_as_the_engine(d, 40, times, extra)
+    assert d.phase == "hold" and d.threshold == 1024
+    assert d.medians[0] == pytest.approx(0.010)
+
+
 def test_a_revisit_samples_the_choice_in_force_without_settling():
     d = Decision("measure", 1024, samples=3, settle=1, abort=0.5, revisit=10, budget=100)
     feed(d, (10, lambda t, i: 0.01 if t == NEVER else 0.10))
@@ -108,7 +136,7 @@ def test_a_revisit_samples_the_choice_in_force_without_settling():
 
 
 def test_a_choice_that_gets_faster_is_the_new_reference_not_a_probe():
-    d = Decision("measure", 1024, revisit=10_000)
+    d = Decision("measure", 1024, settle=1, revisit=10_000)
     feed(d, (12, lambda t, i: 0.011 if t == NEVER else 0.030))  # slow first steps
     assert d.phase == "hold" and d.threshold == NEVER
     seen = feed(d, (60, lambda t, i: 0.004 if t == NEVER else 0.030))
@@ -124,18 +152,18 @@ def test_revisits_are_spaced_so_that_probing_costs_at_most_the_budget():
     """The probe's two other candidates cost 2 steps x 40 ms each over the choice: with a 1%
     budget of a 10 ms exchange, no revisit before 1600 steps (capped at 16 x revisit); with a
     50% budget, 32 steps would do: the regular 200."""
-    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.01)
     feed(d, (10, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert d.phase == "hold" and d.threshold == NEVER and d.interval == 1600
     seen = feed(d, (1599, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert set(seen) == {NEVER}  # held: no revisit within the interval
-    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.01)
     feed(d, (10, lambda t, i: 0.01 if t == NEVER else 1.0))
     assert d.interval == 16 * 200  # the cap
-    d = Decision("measure", 1024, revisit=200, budget=0.5)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.5)
     feed(d, (9, lambda t, i: 0.01 if t == NEVER else 0.05))
     assert d.interval == 200  # the probe is cheap enough for the regular revisit
-    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.01)
     feed(d, (30, lambda t, i: 0.01 if t == NEVER else 0.014))  # finalists: a close choice
     assert d.threshold == NEVER and d.interval == 200
 
@@ -166,7 +194,7 @@ def test_close_candidates_are_revisited_regularly_and_far_ones_within_the_budget
     (light probes), and the far candidate runs again only once a full probe costs at most the
     1% budget: its 2 steps x 40 ms over the choice, every 800 steps."""
     times = {NEVER: 0.010, 16384: 0.012, 1024: 0.050}
-    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.01)
     feed(d, (12, lambda t, i: times[t]))
     assert d.phase == "hold" and d.threshold == NEVER
     assert d.interval == 200 and d.full_due - d.steps == 800
@@ -176,7 +204,7 @@ def test_close_candidates_are_revisited_regularly_and_far_ones_within_the_budget
     assert 1024 in seen and d.threshold == NEVER  # the full probe
     # The wire slows as a light probe begins (passing and the close candidate, 60 ms): the
     # probe finds the choice no faster than the far candidate was, and a full probe follows.
-    d = Decision("measure", 1024, revisit=200, budget=0.01)
+    d = Decision("measure", 1024, settle=1, revisit=200, budget=0.01)
     feed(d, (12, lambda t, i: times[t]))
     slow = {NEVER: 0.060, 16384: 0.060, 1024: 0.050}
     feed(d, (200, lambda t, i: times[t]))
@@ -200,7 +228,7 @@ def test_a_rise_that_leaves_the_choice_faster_than_the_others_were_does_not_prob
     """Busy cores or a noisy neighbour: the choice's step time rises well past the band but
     stays under what the other candidates were measured at (they would be slowed too): no
     probe, whose compressing steps would cost more than they could find."""
-    d = Decision("measure", 1024, drift=0.25, revisit=10_000)
+    d = Decision("measure", 1024, settle=1, drift=0.25, revisit=10_000)
     feed(d, (12, lambda t, i: 0.010 if t == NEVER else 0.030))
     assert d.phase == "hold" and d.threshold == NEVER
     seen = feed(d, (200, lambda t, i: 0.020 if t == NEVER else 0.060))  # twice, all alike
