@@ -19,20 +19,26 @@ memories do compensate it; this is the baseline to compare them with).
 
 Under the user's Adam/AdamW (``hvdcomp.preconditioning.FollowAdam``: each rank sends its Adam
 momentum, and the mean becomes Adam's momentum) the vote is replaced by the mean of the ranks'
-scaled signs, ``step = mean_r(s_r * sign(p_r))``, from the same gathered bits and scales (the
-same wire). Why: a voted momentum drifts, because what the vote drops is in no rank's memory
-(char transformer under AdamW, recipe (c): +6.0% validation loss); with the mean, each rank's
-whole error ``p_r - s_r sign(p_r)`` is in its own memory, so over steps the applied momenta sum
-to the ranks' mean momentum, as Marsit's do (EF-signSGD of Karimireddy et al. with a mean in
-place of their single worker).
+signs scaled by the mean scale ``S = mean_r(s_r)``: ``step = S * V / N`` (``N`` ranks), and each
+rank's memory is ``e_r = p_r - S * sign(p_r)``. Why: a voted momentum drifts, because what the
+vote drops is in no rank's memory (char transformer under AdamW, recipe (c): +6.0% validation
+loss); with the mean, each rank's whole error is in its own memory, so over steps the applied
+momenta sum to the ranks' mean momentum, as Marsit's do (EF-signSGD of Karimireddy et al. with a
+mean in place of their single worker, every rank compressing with the scale ``S`` it shares).
+The shared scale makes the step a function of the vote totals ``V`` alone, which travel in log N
+bits per element (``hvdcomp.comm.votes.vote_counts``), where each rank's own scale would need
+every rank's bits at every rank.
 
 Wire: the packed sign bits of all large tensors of a step (each tensor byte-aligned), plus one
-scalar per tensor. With 2 ranks (or under Adam, whose scaled mean needs every rank's bits) they
-are all-gathered: each rank sends ``(size-1) * sum(ceil(d_i/8))`` bytes, linear in size. With 3
-ranks or more the vote's counts go along a ring instead (``hvdcomp.comm.votes``: exact counts
-reduce-scattered in bit planes, the outcome all-gathered; 1.7 bits per element at 3 ranks, 2.75
-at 4, 3.9 at 8, growing as log N, in 2 (N-1) rounds), the same step bit for bit. Results are
-identical on every rank (every rank counts the same gathered bits, or the same two rows).
+scalar per tensor. With 2 ranks they are all-gathered: each rank sends
+``(size-1) * sum(ceil(d_i/8))`` bytes, linear in size. With 3 ranks or more the vote's counts go
+along a ring instead (``hvdcomp.comm.votes``: exact counts reduce-scattered in bit planes, the
+outcome all-gathered; 1.7 bits per element at 3 ranks, 2.75 at 4, 3.9 at 8, growing as log N, in
+2 (N-1) rounds), the same step bit for bit. Under Adam the totals themselves are all-gathered
+instead of the outcome (``vote_counts``: 5.6 bits per element at 8 ranks, 7.75 at 16) where that
+moves fewer bits than the all-gather of the bits (from 6 ranks on), the same totals either way.
+Results are identical on every rank (every rank counts the same gathered bits, or the same
+rows or totals).
 State per tensor: the memory ``e`` (``hvdcomp.feedback``). Host (NumPy/CPU) tensors run the
 fused kernels of ``hvdcomp.kernels`` (same numbers; ``HVDCOMP_KERNELS=numpy`` selects the
 reference path).
@@ -61,19 +67,13 @@ def vote_total(rows, d, like=None):
     return total
 
 
-def scaled_mean(rows, scales, d, like=None):
-    """``mean_r(scales[r] * sign_r)``, float32, the signs packed in ``rows`` (host uint8, one row
-    per rank, summed in rank order: the same bits on every rank); on ``like``'s device when it
-    is a device tensor, else on the host."""
-    device = xp.is_torch(like) and not like.is_cpu
-    total = (xp._torch().zeros(d, dtype=xp._torch().float32, device=like.device) if device
-             else np.zeros(d, dtype=np.float32))
-    for row, scale in zip(xp.from_host(rows, like) if device else rows, scales):
-        signs = unpack_signs(row, d, "float32")
-        signs *= float(np.float32(scale))
-        total += signs
-    total /= len(scales)
-    return total
+def signs_mean(total, scale, size):
+    """``scale * total / size`` as float32, of ``total``'s kind: the mean of ``size`` ranks'
+    signs scaled by their shared ``scale``, from their vote ``total`` (``V``)."""
+    step = (total.to(xp._torch().float32) if xp.is_torch(total)
+            else total.astype(np.float32))
+    step *= float(np.float32(scale) / np.float32(size))
+    return step
 
 
 def majority_step(total, scale):
@@ -86,10 +86,11 @@ def majority_step(total, scale):
     return step
 
 
-def own_error(p, own_scale, owned, scratch):
-    """``p - own_scale * sign(p)`` (written into ``p`` when ``owned``, else a new array);
-    ``scratch``: a work buffer like ``p``."""
-    own = xp.signed_constant(p, own_scale, scratch)
+def own_error(p, scale, owned, scratch):
+    """``p - scale * sign(p)``, the error of this rank's message at ``scale`` (its own, or under
+    Adam the ranks' mean), written into ``p`` when ``owned``, else a new array; ``scratch``: a
+    work buffer like ``p``."""
+    own = xp.signed_constant(p, scale, scratch)
     if owned:
         p -= own
         return p
@@ -107,16 +108,18 @@ def decode_fused(batch, entry, rows, off, scale):
     return step
 
 
-def exchange(batch, packed, preconditioner):
-    """The rows the decode counts: every rank's packed bits (an all-gather), or, where that
-    moves more bits and only the vote is needed (no tensor sends Adam's momentum, whose scaled
-    mean needs each rank's bits), the vote's exact outcome as two rows
-    (``hvdcomp.comm.votes``: counts reduce-scattered along a ring, log N bits per element)."""
+def exchange(batch, packed, totals):
+    """What the decode counts: every rank's packed bits (an all-gather, rows), or where that
+    moves more bits, the vote's exact outcome as two rows (``hvdcomp.comm.votes.vote_rows``),
+    or with ``totals`` (a tensor's mean of signs needs its vote totals ``V``, not only their
+    signs) the totals themselves, int32 per packed bit (``vote_counts``). Returns ``(rows or
+    None, totals or None)``."""
     ctx = batch.ctx
-    if votes.ring_pays(ctx.size) and not any(
-            preconditioning.sends_momentum(preconditioner, e) for e in batch.entries):
-        return votes.vote_rows(ctx, packed)
-    return ctx.allgather_array(packed, dtype=np.uint8)
+    if totals and votes.counts_pay(ctx.size):
+        return None, votes.vote_counts(ctx, packed)
+    if not totals and votes.ring_pays(ctx.size):
+        return votes.vote_rows(ctx, packed), None
+    return ctx.allgather_array(packed, dtype=np.uint8), None
 
 
 class EFSignSGD(Method):
@@ -140,25 +143,25 @@ class EFSignSGD(Method):
         return [[e.own_scale] for e in batch.entries]
 
     def reduce(self, batch, scalars):
+        means = [preconditioning.sends_momentum(self.preconditioner, e) for e in batch.entries]
         with batch.phase("encode"):
             packed = signmsg.message(batch)
         with batch.phase("comm"):
-            rows = exchange(batch, packed, self.preconditioner)
+            rows, totals = exchange(batch, packed, any(means))
         out, off = [], 0
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
                 p, nbytes = e.compensated, packed_nbytes(e.numel)
-                mine, scales = rows[:, off:off + nbytes], scalars[:, i, 0]
-                scale = np.sum(scales) / len(scales)
-                if preconditioning.sends_momentum(self.preconditioner, e):
-                    out.append(scaled_mean(mine, scales, e.numel, like=p))
-                elif signmsg.fused(e):
+                scale = np.sum(scalars[:, i, 0]) / batch.ctx.size
+                if rows is not None and signmsg.fused(e) and not means[i]:
                     out.append(decode_fused(batch, e, rows, off, scale))
                     off += nbytes
                     continue
-                else:
-                    out.append(majority_step(vote_total(mine, e.numel, like=p), scale))
-                feedback.keep(batch, e, own_error(p, e.own_scale, e.owned,
-                                                  batch.store.scratch(e.key, p)))
+                total = (vote_total(rows[:, off:off + nbytes], e.numel, like=p) if totals is None
+                         else xp.from_host(totals[8 * off:8 * off + e.numel], p))
+                out.append(signs_mean(total, scale, batch.ctx.size) if means[i]
+                           else majority_step(total, scale))
+                feedback.keep(batch, e, own_error(p, scale if means[i] else e.own_scale,
+                                                  e.owned, batch.store.scratch(e.key, p)))
                 off += nbytes
         return out

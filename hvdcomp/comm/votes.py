@@ -21,6 +21,11 @@ Traffic per rank, in bits per voted element: ``ring_bits(size)`` = sum over k = 
 is ``size - 1``. Rounds: 2 (size - 1) sequential messages, against the all-gather's size - 1.
 ``ring_pays(size)``: whether the ring moves fewer bits (every size from 3 on; with 2 ranks the
 all-gather's 1 bit is less than the ring's 1.5).
+
+``vote_counts(ctx, packed)``: the vote totals themselves (``V``, int32 per element), where the
+outcome is not enough: the same reduce-scatter, then each chunk's count planes all-gathered as
+they are (``size.bit_length()`` planes): ``count_bits(size)`` bits per element, still log N
+(``counts_pay``: fewer than the all-gather's size - 1 from 6 ranks on).
 """
 import time
 
@@ -68,9 +73,49 @@ def vote_rows(ctx, packed):
     """The two rows that vote as all ranks' ``packed`` rows (module docstring); counted in
     ``ctx.stats``."""
     packed = np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1)
-    size, rank, comm = ctx.size, ctx.rank, ctx.comm
-    if size == 1:
+    if ctx.size == 1:
         return np.stack([packed, packed])
+    planes = 1 if ctx.size % 2 else 2  # an odd size cannot tie: the second row is the first
+    rows = _ring(ctx, packed, lambda acc: outcome(acc, ctx.size)[:planes])
+    return np.stack([rows[0], rows[planes - 1]])
+
+
+def count_bits(size):
+    """Bits per voted element that ``vote_counts`` sends per rank among ``size`` ranks."""
+    return (sum(k.bit_length() for k in range(1, size))
+            + (size - 1) * size.bit_length()) / size
+
+
+def counts_pay(size):
+    """True where ``vote_counts`` sends fewer bits than an all-gather of the votes (size - 1):
+    from 6 ranks on (5: as many)."""
+    return size > 2 and count_bits(size) < size - 1
+
+
+def vote_counts(ctx, packed):
+    """``V``, the sum over the ranks of ``ctx`` of the +-1 votes packed in each rank's
+    ``packed`` (int32, ``8 * packed.size`` elements, identical on every rank): the exact
+    counts of ``vote_rows``' reduce-scatter, all-gathered as they are (``size.bit_length()``
+    planes of each chunk's count of +1 votes ``c``; ``V = 2 c - size``). Where the vote's
+    outcome is not enough (EF-signSGD under Adam: the mean of the signs), at
+    ``count_bits(size)`` bits per element, log N, in 2 (size - 1) rounds; counted in
+    ``ctx.stats``."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1)
+    width = ctx.size.bit_length()
+    planes = _ring(ctx, packed, lambda acc: np.concatenate(
+        [acc, np.zeros((width - len(acc), acc.shape[1]), dtype=np.uint8)]))
+    count = np.zeros(packed.size * 8, dtype=np.int32)
+    for j, plane in enumerate(planes):
+        count += np.unpackbits(plane).astype(np.int32) << j
+    return 2 * count - ctx.size
+
+
+def _ring(ctx, packed, gathered):
+    """Steps 1 and 2 of the module docstring: each chunk's exact count planes (reduce-scatter),
+    then ``gathered(planes)`` of every chunk (an array of the same number of rows for every
+    chunk, bytes per row as the chunk's) all-gathered; returns those rows, the chunks
+    concatenated."""
+    size, rank, comm = ctx.size, ctx.rank, ctx.comm
     t0, counts = time.perf_counter(), [0, 0, 0]
     bounds = chunk_bounds(packed.size, size)
     own = [packed[bounds[i]:bounds[i + 1]] for i in range(size)]
@@ -87,15 +132,15 @@ def vote_rows(ctx, packed):
         incoming = np.empty(((t + 1).bit_length(), own[r_idx].size), dtype=np.uint8)
         send_recv(acc, incoming)
         acc = add_votes(incoming, own[r_idx], (t + 2).bit_length())
-    # rank r now holds chunk (r + 1) % size's counts; gather every chunk's outcome rows
-    rows = [None] * size  # per chunk: its two outcome rows
-    rows[(rank + 1) % size] = list(outcome(acc, size))
-    planes = 1 if size % 2 else 2  # an odd size cannot tie: the second row is the first
+    # rank r now holds chunk (r + 1) % size's counts; gather every chunk's rows
+    rows = [None] * size
+    rows[(rank + 1) % size] = gathered(acc)
+    height = len(rows[(rank + 1) % size])
     for t in range(size - 1):
         s_idx, r_idx = (rank + 1 - t) % size, (rank - t) % size
-        incoming = np.empty((planes, own[r_idx].size), dtype=np.uint8)
-        send_recv(np.stack(rows[s_idx][:planes]), incoming)
-        rows[r_idx] = [incoming[0], incoming[planes - 1]]
+        incoming = np.empty((height, own[r_idx].size), dtype=np.uint8)
+        send_recv(rows[s_idx], incoming)
+        rows[r_idx] = incoming
     ctx.stats.add(*counts)
     ctx.stats.seconds += time.perf_counter() - t0
-    return np.stack([np.concatenate([rows[i][j] for i in range(size)]) for j in range(2)])
+    return np.concatenate(rows, axis=1)

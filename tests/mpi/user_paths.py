@@ -288,6 +288,7 @@ def case_adamw():
                             "exp_avg_is_grad": bool(torch.equal(opt.state[w]["exp_avg"], w.grad)),
                             "update_is_lr_grad": float((moved - 3e-3 * w.grad).abs().max()
                                                        / (3e-3 * w.grad.abs().max())),
+                            "magnitudes": int(torch.unique(w.grad.abs()).numel()),
                             "compressed": comp.last_stats.compressed_elements,
                             "bytes_sent": comp.last_stats.bytes_sent,
                             "identical": identical_across_ranks(model)})
