@@ -59,11 +59,18 @@ def add_votes(planes, bits, width):
     return out
 
 
+def plane_counts(planes, dtype=np.int64):
+    """The counts (``dtype``, 8 per byte) that the bit planes ``planes`` ((w, nbytes) uint8,
+    plane j holding bit j) hold."""
+    count = np.zeros(planes.shape[1] * 8, dtype=dtype)
+    for j, plane in enumerate(planes):
+        count += np.unpackbits(plane).astype(dtype) << j
+    return count
+
+
 def outcome(planes, size):
     """The (2, nbytes) rows of ``vote_rows`` from a chunk's count planes over ``size`` ranks."""
-    count = np.zeros(planes.shape[1] * 8, dtype=np.int64)
-    for j, plane in enumerate(planes):
-        count += np.unpackbits(plane).astype(np.int64) << j
+    count = plane_counts(planes)
     sign = np.packbits(2 * count > size)
     tie = np.packbits(2 * count == size)
     return np.stack([sign, sign ^ tie])
@@ -104,10 +111,7 @@ def vote_counts(ctx, packed):
     width = ctx.size.bit_length()
     planes = _ring(ctx, packed, lambda acc: np.concatenate(
         [acc, np.zeros((width - len(acc), acc.shape[1]), dtype=np.uint8)]))
-    count = np.zeros(packed.size * 8, dtype=np.int32)
-    for j, plane in enumerate(planes):
-        count += np.unpackbits(plane).astype(np.int32) << j
-    return 2 * count - ctx.size
+    return 2 * plane_counts(planes, np.int32) - ctx.size
 
 
 def _ring(ctx, packed, gathered):
