@@ -49,8 +49,9 @@ same threshold, applied from the next step on):
   step's, which ran the previous candidate, and a candidate's first step is not typical of it:
   Horovod negotiates anew every tensor whose shape or dtype changed, the gradient in place of
   hvdcomp's placeholder or in float16, measured 0.5-1.5 s more than its next steps on ResNet-18
-  at 300 Mbit/s, which a single sample could take for the candidate's speed) and one sample; the one in force first (at the
-  start of training: passing every tensor), then the others, most compression first. The finalists, those whose sample
+  at 300 Mbit/s, which a single sample could take for the candidate's speed) and one sample;
+  the one in force first (at the start of training: passing every tensor), then the others,
+  most compression first. The finalists, those whose sample
   is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
   force first, without settling); the others are dropped. So a hopeless candidate costs two
   steps whichever side of the winner it lies (in one round of a fixed order, only those after a
