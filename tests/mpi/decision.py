@@ -50,7 +50,9 @@ from torch_common import (batch, build, compression_for, compressor_object, dige
                           identical_across_ranks, load_digits_split, make_model)
 
 name, lr, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-STEPS, MIN_SAVE, MAX_SAVE, AFTER = 56, 14, 64, 4
+# The probe settles 2 steps per switch (hvdcomp.decision) and observes every other step while
+# it probes (quiet steps): with retakes it can take 50-60 steps of this model.
+STEPS, MIN_SAVE, MAX_SAVE, AFTER = 100, 14, 100, 4
 hvd.init()
 (xtr, ytr), _ = load_digits_split(0)
 world = MPI.COMM_WORLD
