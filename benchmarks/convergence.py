@@ -147,7 +147,9 @@ def launch(args, task, runs, out, cluster_rate=None):
     reader.join(timeout=10)
     wall = time.perf_counter() - t0
     text = "".join(lines)
-    with open(os.path.join(out, "logs", f"{task}{'' if cluster_rate is None else '-' + cluster_rate}.txt"), "w") as fh:
+    log_name = f"{task}{'' if cluster_rate is None else '-' + cluster_rate}.txt"
+    # a round's timed runs may be launches of their own (--timing-launches each): one log each
+    with open(os.path.join(out, "logs", log_name), "w" if cluster_rate is None else "a") as fh:
         fh.write(" ".join(cmd) + "\n" + text)
     if rc != 0:
         print(f"  {task}: launch FAILED ({rc}) after {wall:.0f}s\n" +
@@ -307,13 +309,24 @@ def time_table(rows, rates):
     return "\n".join(lines)
 
 
+def timing_order(every, k):
+    """Round ``k``'s (0-based) order of the timed configurations ``every``: rotated by ``k``, so
+    that no configuration always runs at the same place in a round."""
+    k %= max(len(every), 1)
+    return every[k:] + every[:k]
+
+
 def on_cluster(args, tasks, methods, rates, out):
     """Time one seed of every (task, method) and of the compute ceiling at each link rate on the
     emulated cluster (benchmarks/cluster.sh; root), ``--timing-rounds`` times: a round runs every
-    task and method once, so the machine's drift falls on every method alike. The records carry
-    ``rate`` and ``round``; round k > 1 is saved in ``out/raw-<rate>-<k>/``, the first in
-    ``out/raw-<rate>/``. Runs already there (an earlier call with the same --out) are read, not
-    run again."""
+    task and method once, in ``timing_order`` (rotated per round), so the machine's drift falls
+    on every method alike. With ``--timing-launches each`` (the default) every timed run is a
+    launch of its own, as a user's training is: each pays what a process pays once (hvdcomp's
+    communicator and kernels, Horovod's first negotiations) instead of the first hvdcomp method
+    of a shared launch paying it for the others (measured 0.23 s on recipe (a)'s first step,
+    5% of its run). The records carry ``rate`` and ``round``; round k > 1 is saved in
+    ``out/raw-<rate>-<k>/``, the first in ``out/raw-<rate>/``. Runs already there (an earlier
+    call with the same --out) are read, not run again."""
     from convergence_ranks import tag_of
     every = [*methods, "ceiling"]
     labels = {rate: [rate] + [f"{rate}-{k}" for k in range(2, args.timing_rounds + 1)]
@@ -329,11 +342,14 @@ def on_cluster(args, tasks, methods, rates, out):
         try:
             for rate in rates:
                 subprocess.run([CLUSTER, "rate", rate], check=True)
-                for label in labels[rate]:
+                for k, label in enumerate(labels[rate]):
                     for task in tasks:
-                        if todo[task, label]:
-                            launch(args, task, [(m, 0, None) for m in todo[task, label]], out,
-                                   cluster_rate=label)
+                        runs = [(m, 0, None) for m in timing_order(every, k)
+                                if m in todo[task, label]]
+                        groups = ([[r] for r in runs] if args.timing_launches == "each"
+                                  else [runs] if runs else [])
+                        for group in groups:
+                            launch(args, task, group, out, cluster_rate=label)
         finally:
             subprocess.run([CLUSTER, "down"], capture_output=True)
     return [{**read_run(path(task, m, label), {"task": task, "method": m, "seed": 0,
@@ -471,6 +487,9 @@ def main(argv=None):
     ap.add_argument("--timing-rounds", type=int, default=1, metavar="N",
                     help="with --link-rates: time every run N times, in turn (the step time is "
                          "the median; the table shows the range)")
+    ap.add_argument("--timing-launches", choices=("each", "shared"), default="each",
+                    help="with --link-rates: every timed run in a launch of its own (each, as a "
+                         "user's job), or a task's runs of a round in one launch (shared)")
     ap.add_argument("--out", default=None, help="default: results/convergence/<stamp>")
     ap.add_argument("--from", dest="from_dirs", default=None, metavar="DIR[,DIR]",
                     help="run nothing: rebuild table and curves from earlier outputs' raw/*.json")
