@@ -78,3 +78,17 @@ def test_charlm_example_standalone(tmp_path):
     assert s["compression"] == "marsit" and s["ranks"] == 2 and s["bytes_kind"] == "measured"
     assert 0 < s["bytes_per_step"] < s["fp32_ring_bytes_per_step"]
     assert s["final"] == rec["curve"][-1]["val_loss"]
+
+
+def test_timing_rounds_put_every_configuration_at_every_place_once():
+    """The timed runs' order (benchmarks/convergence.py ``timing_order``) rotates per round: over
+    as many rounds as configurations, each runs once at each place, and a round holds each once."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from convergence import timing_order
+    every = ["none", "fp16", "marsit", "topk", "ceiling"]
+    rounds = [timing_order(every, k) for k in range(len(every))]
+    assert all(sorted(r) == sorted(every) for r in rounds)
+    for place in range(len(every)):
+        assert sorted(r[place] for r in rounds) == sorted(every)
+    assert rounds[0] == every
