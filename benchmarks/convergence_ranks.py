@@ -32,6 +32,17 @@ def load_example(path):
     return mod
 
 
+def init_ranks(mod):
+    """Initialise Horovod for the loaded example ``mod`` and give its framework one thread per
+    rank; returns its ``hvd``."""
+    mod.hvd.init()
+    if hasattr(mod, "torch"):
+        mod.torch.set_num_threads(1)
+    else:  # TensorFlow: one thread per op, as OMP_NUM_THREADS=1 gives torch
+        mod.tf.config.threading.set_intra_op_parallelism_threads(1)
+    return mod.hvd
+
+
 def refusal(exc):
     """``'<ErrorName>: message'`` where ``exc`` is an ``hvdcomp.errors`` exception (raised on
     every rank alike), also as TensorFlow re-raises one from a traced function (a StagingError
@@ -85,12 +96,7 @@ def main():
     mod = load_example(args.example)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     ex_args = mod.parser().parse_args(rest)
-    hvd = mod.hvd
-    hvd.init()
-    if hasattr(mod, "torch"):
-        mod.torch.set_num_threads(1)
-    else:  # TensorFlow: one thread per op, as OMP_NUM_THREADS=1 gives torch
-        mod.tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd = init_ranks(mod)
     runs = json.loads(args.runs)
     for i, (method, seed, lr) in enumerate(runs):
         t0 = time.perf_counter()

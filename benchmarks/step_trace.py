@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from convergence_ranks import load_example  # noqa: E402
+from convergence_ranks import init_ranks, load_example  # noqa: E402
 
 
 def traced(make, stamps, decisions):
@@ -62,15 +62,15 @@ def stretches(steps, decisions):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", default=os.path.join(os.path.dirname(HERE), "examples",
-                                                      "train_torch.py"))
+                                                      "train_torch.py"),
+                    help="a torch example (train_torch.py, train_charlm.py): its optimizer's "
+                         "step() is what is timed")
     ap.add_argument("--methods", required=True, help="comma-separated, run in this order")
     ap.add_argument("--out", default=None, help="JSON of every step (rank 0)")
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the example's options")
     args = ap.parse_args()
     mod = load_example(args.example)
-    hvd = mod.hvd
-    hvd.init()
-    mod.torch.set_num_threads(1)
+    hvd = init_ranks(mod)
     ex_args = mod.parser().parse_args([a for a in args.rest if a != "--"])
     make, found = hvd.DistributedOptimizer, {}
     for method in args.methods.split(","):
