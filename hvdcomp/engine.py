@@ -296,7 +296,12 @@ class StepEngine:
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
         self.last_stats, self.total_stats = None, StepStats()
-        kernels.warm("finite")  # the check of the tensors Horovod sums (Entry.by_horovod)
+        # The finite kernel (the check of the tensors Horovod sums, Entry.by_horovod; ~3 us per
+        # tensor where NumPy's costs ~10): loaded now where numba is loaded already (a method's
+        # kernels), else at the first step after the decision compresses for good.
+        if kernels.numba_loaded():
+            kernels.warm("finite")
+        self.finite_kernel_due = False
 
     def phase(self, name):
         """A ``with`` block whose wall time is added to this batch's ``phases[name]``."""
@@ -314,6 +319,9 @@ class StepEngine:
         full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
         steps: ~4 ms per step). The step's first call starts the decision's timing window."""
+        if self.finite_kernel_due:  # before the window begins: not a cost of its candidate
+            kernels.warm("finite")
+            self.finite_kernel_due = False
         self.decision.begin()
         defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
         if by_horovod:
@@ -406,6 +414,10 @@ class StepEngine:
                                   and all(hasattr(e.adapter, "halved") for e in entries))
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
+            # compressing for good (not a probe's candidate): the check pays for numba's import
+            self.finite_kernel_due = (self.decision.phase != "probe"
+                                      and not self.decision.passes_all()
+                                      and kernels.installed() and not kernels.ready("finite"))
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]

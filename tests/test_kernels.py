@@ -293,10 +293,11 @@ def test_finite_at_address_matches_numpy(n, dtype):
     """``kernels.finite.all_finite_at``: what ``np.isfinite(x).all()`` says, for NaN, +Inf and
     -Inf at the first, a middle and the last position, and for the largest finite values (which
     a sum of squares would overflow); the torch adapter's check gives the same through a CPU
-    tensor's address."""
+    tensor's address (once the kernel is loaded, as the step engine loads it)."""
     from hvdcomp.kernels.finite import all_finite_at
     torch = pytest.importorskip("torch")
     from hvdcomp.frontends import torch as adapter
+    kernels.warm("finite")
 
     def finite(x):
         return all_finite_at(x.ctypes.data, x.size, x.itemsize)
@@ -313,3 +314,20 @@ def test_finite_at_address_matches_numpy(n, dtype):
                 assert finite(y) is False and not adapter.all_finite(torch.from_numpy(y))
     with pytest.raises(ValueError):
         all_finite_at(x.ctypes.data, n, 2)
+
+
+@pytest.mark.timeout(200)
+def test_a_job_that_passes_every_gradient_never_loads_numba():
+    """2 real ranks, PowerSGD (no kernels of its own) through the stock DistributedOptimizer:
+    passing every gradient with ``on_nonfinite='skip'`` (every tensor Horovod sums checked at
+    every step) the job never imports numba (~1 s per process, before its first step), and the
+    check still catches rank 1's NaN: one step skipped on both ranks, which stay bit-identical;
+    compressing for good loads the finite kernel from the first step."""
+    from mpirun import results, run
+    res = results(run(2, "numba_deferred.py", timeout=150))
+    assert sorted(res) == [0, 1]
+    for r in res.values():
+        assert r["passing"] == {"identical": 20, "skipped": 1, "numba": False,
+                                "finite_kernel": False}, r
+        assert r["compressing"] == {"identical": 4, "skipped": 0, "numba": True,
+                                    "finite_kernel": True}, r

@@ -365,7 +365,8 @@ def all_finite(tensor):
     tensor is read in place by its address where numba is installed (``hvdcomp.kernels.finite``:
     ~3 us inside a training step, where a NumPy view and a dot product cost ~10 us; this is the
     check of every small tensor Horovod sums, ``hvdcomp.engine.Entry.by_horovod``, once per tensor
-    per step); any other through ``hvdcomp.backend.xp.all_finite``."""
+    per step; from when the step engine has loaded it, ``hvdcomp.kernels.ready``); any other
+    through ``hvdcomp.backend.xp.all_finite`` (the same verdict)."""
     at = _FINITE_AT[0] if _FINITE_AT else _finite_at()
     if (at is not None and tensor.is_cpu and tensor.dtype in _SUMMED_DTYPES
             and not tensor.is_sparse and tensor.is_contiguous()):
@@ -374,16 +375,15 @@ def all_finite(tensor):
 
 
 def _finite_at():
-    if not _FINITE_AT:
-        if kernels.installed():
-            from hvdcomp.kernels.finite import all_finite_at
-            _FINITE_AT.append(all_finite_at)
-        else:
-            _FINITE_AT.append(None)
-    return _FINITE_AT[0]
+    """The kernel once it is loaded (kept from then on), else None."""
+    if kernels.ready("finite"):
+        from hvdcomp.kernels.finite import all_finite_at
+        _FINITE_AT.append(all_finite_at)
+        return all_finite_at
+    return None
 
 
-_FINITE_AT = []  # [hvdcomp.kernels.finite.all_finite_at], or [None] without numba
+_FINITE_AT = []  # [hvdcomp.kernels.finite.all_finite_at] once the engine has loaded it
 
 
 def _mean_or_sum():

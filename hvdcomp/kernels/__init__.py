@@ -18,7 +18,10 @@ modules' docstrings):
   one pass;
 - ``hvdcomp.kernels.finite``: whether a small float32/float64 host buffer is finite, read in place
   by its address (the check of every tensor Horovod sums for hvdcomp, once per tensor per step;
-  in ``ALWAYS``: used whenever numba is installed, as it replaces no reference computation).
+  in ``ALWAYS``: used whenever numba is installed, as it replaces no reference computation, from
+  when the step engine loads it: at once where numba is loaded already, else once the
+  compress-or-pass decision compresses for good, so that a job that passes every gradient never
+  pays numba's ~1 s import; until then the check is NumPy's, the same verdict).
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
@@ -41,6 +44,7 @@ Nothing here knows about Horovod, MPI, a framework or the state store.
 """
 import importlib.util
 import os
+import sys
 
 import numpy as np
 
@@ -98,10 +102,21 @@ def warm(module):
     the kernels of ``module`` ('signs', 'topk', 'votes', 'sketch' or 'finite') that a float32
     training uses (the first step, without memory, and the later ones, with it), so that a
     training's first steps do not pay for it and LayerFusion's timings of them stay true. Called
-    by the constructors of the methods that use the kernels and of the step engine ('finite');
-    once per module and process; nothing on the reference path (except the ``ALWAYS``
-    kernels)."""
+    by the constructors of the methods that use the kernels and by the step engine ('finite',
+    ``hvdcomp.engine.StepEngine.finite_kernel_due``); once per module and process; nothing on
+    the reference path (except the ``ALWAYS`` kernels)."""
     if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return
     importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)
     _WARMED.add(module)
+
+
+def ready(module):
+    """Whether ``module``'s kernels are loaded in this process (``warm`` ran for it)."""
+    return module in _WARMED
+
+
+def numba_loaded():
+    """Whether numba is imported in this process already (loading a kernel then costs that
+    kernel only, not numba's import and target initialisation: ~1 s per process)."""
+    return "numba" in sys.modules
