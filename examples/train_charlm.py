@@ -130,6 +130,7 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
 
     model = CharLM(len(vocab), context=args.context)
     numel = sum(p.numel() for p in model.parameters())
+    built = time.perf_counter()  # setup_seconds: from here (the compressor built) to training
     compression = COMPRESSIONS[method]()
     # the optimizer and rate: this call's, else the command line's, else the method's default
     opt_name = optimizer or args.optimizer or DEFAULTS[method][0]
@@ -163,6 +164,7 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
         return out
 
     gen = torch.Generator().manual_seed(seed * 1000 + hvd.rank())  # each rank its own data
+    setup_seconds = time.perf_counter() - built
     curve = [{"step": 0, "val_loss": evaluate(), "train_loss": None}]
     t0, running = time.perf_counter(), []
     for step in range(1, args.steps + 1):
@@ -196,7 +198,8 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
                "metric": "val_loss", "final": curve[-1]["val_loss"], "bytes_per_step": sent,
                "bytes_kind": kind,
                "fp32_ring_bytes_per_step": 2 * (hvd.size() - 1) / hvd.size() * numel * 4,
-               "seconds": seconds, "digests": digests, "identical": len(set(digests)) == 1}
+               "seconds": seconds, "setup_seconds": setup_seconds, "digests": digests,
+               "identical": len(set(digests)) == 1}
     return {"summary": summary, "curve": curve}
 
 

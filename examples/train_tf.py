@@ -70,6 +70,7 @@ def train(args, method, seed, lr=None, verbose=True):
     rank), and the trained model and the compression (for ``main``'s checkpoint)."""
     tf.keras.utils.set_random_seed(seed)
     (xs, ys), (xte, yte) = data(hvd.rank(), hvd.size())
+    built = time.perf_counter()  # setup_seconds: from here (the compressor built) to training
     if method in ("none", "fp16"):
         compression = getattr(hvd.Compression, method)
     else:
@@ -82,6 +83,7 @@ def train(args, method, seed, lr=None, verbose=True):
     opt = (tf.keras.optimizers.Adam(lr) if args.optimizer == "adam"
            else tf.keras.optimizers.SGD(lr, momentum=momentum))
     curve, t0 = [], time.perf_counter()
+    setup_seconds = t0 - built
 
     def evaluated(epoch, steps, losses):
         acc = float(np.mean(np.argmax(model(xte).numpy(), 1) == yte))
@@ -132,7 +134,8 @@ def train(args, method, seed, lr=None, verbose=True):
                "momentum": momentum if args.optimizer == "sgd" else None,
                "parameters": numel, "metric": "test_acc", "final": curve[-1]["test_acc"],
                "bytes_per_step": sent, "bytes_kind": "measured" if stats else "computed",
-               "fp32_ring_bytes_per_step": ring, "seconds": seconds, "digests": digests,
+               "fp32_ring_bytes_per_step": ring, "seconds": seconds,
+               "setup_seconds": setup_seconds, "digests": digests,
                "identical": len(set(digests)) == 1}
     return {"summary": summary, "curve": curve, "model": model, "compression": compression}
 

@@ -113,6 +113,7 @@ def train(args, method, seed, lr=None, momentum=None, verbose=True):
 
     model = make_model(getattr(args, "model", "mlp"))
     numel = sum(p.numel() for p in model.parameters())
+    built = time.perf_counter()  # setup_seconds: from here (the compressor built) to training
     compression = COMPRESSIONS[method]()
     # the rate: this call's, else the command line's, else the method's default
     lr = next(x for x in (lr, args.lr, DEFAULTS[method][0]) if x is not None)
@@ -127,6 +128,7 @@ def train(args, method, seed, lr=None, momentum=None, verbose=True):
     schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs * steps_per_epoch)
                 if getattr(args, "schedule", "constant") == "cosine" else None)
     t0 = time.perf_counter()
+    setup_seconds = t0 - built
     curve = []
     for epoch in range(args.epochs):
         g = torch.Generator().manual_seed(seed * 1000 + epoch * 100 + hvd.rank())
@@ -161,7 +163,8 @@ def train(args, method, seed, lr=None, momentum=None, verbose=True):
                "parameters": numel, "metric": "test_acc", "final": acc,
                "bytes_per_step": sent, "bytes_kind": kind,
                "fp32_ring_bytes_per_step": 2 * (hvd.size() - 1) / hvd.size() * numel * 4,
-               "seconds": seconds, "digests": digests, "identical": len(set(digests)) == 1}
+               "seconds": seconds, "setup_seconds": setup_seconds, "digests": digests,
+               "identical": len(set(digests)) == 1}
     return {"summary": summary, "curve": curve}
 
 
