@@ -265,6 +265,33 @@ class Batch:
         return tuple(parts) + ((self.index,) if self.index else ())
 
 
+class FiniteKernel:
+    """When the step engine loads ``hvdcomp.kernels.finite``, the check of the tensors Horovod
+    sums (``Entry.by_horovod``, through the adapter's ``all_finite``: ~3 us per tensor, where
+    NumPy's costs ~10 us, the same verdict): at once where numba is loaded already (the methods
+    with kernels load theirs in their constructors), else at the first step after the decision
+    compresses for good (not a probe's candidate), so that a job that passes every gradient
+    never pays numba's import and target initialisation (~1 s per process; PowerSGD's first
+    step took 2.1 s for it on 4 ranks of 2 cores). Until then the check is NumPy's, and it runs
+    on the steps hvdcomp agrees only (``QuietSteps`` check nothing)."""
+
+    def __init__(self):
+        if kernels.numba_loaded():
+            kernels.warm("finite")
+        self.due = False
+
+    def observe(self, decision):
+        """After the decision's observation of a step: is the kernel due?"""
+        self.due = (decision.phase != "probe" and not decision.passes_all()
+                    and kernels.installed() and not kernels.ready("finite"))
+
+    def load_if_due(self):
+        """Load it where it is due (between steps: at a step's first ``entry``)."""
+        if self.due:
+            kernels.warm("finite")
+            self.due = False
+
+
 class StepEngine:
     """Reduces batches for one ``method`` (``hvdcomp.method.Method``, or a wrapper with its
     contract: ``name``, ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with
@@ -296,12 +323,7 @@ class StepEngine:
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
         self.last_stats, self.total_stats = None, StepStats()
-        # The finite kernel (the check of the tensors Horovod sums, Entry.by_horovod; ~3 us per
-        # tensor where NumPy's costs ~10): loaded now where numba is loaded already (a method's
-        # kernels), else at the first step after the decision compresses for good.
-        if kernels.numba_loaded():
-            kernels.warm("finite")
-        self.finite_kernel_due = False
+        self.finite_kernel = FiniteKernel()
 
     def phase(self, name):
         """A ``with`` block whose wall time is added to this batch's ``phases[name]``."""
@@ -319,9 +341,7 @@ class StepEngine:
         full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
         steps: ~4 ms per step). The step's first call starts the decision's timing window."""
-        if self.finite_kernel_due:  # before the window begins: not a cost of its candidate
-            kernels.warm("finite")
-            self.finite_kernel_due = False
+        self.finite_kernel.load_if_due()  # before the window begins: no candidate's cost
         self.decision.begin()
         defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
         if by_horovod:
@@ -414,10 +434,7 @@ class StepEngine:
                                   and all(hasattr(e.adapter, "halved") for e in entries))
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
-            # compressing for good (not a probe's candidate): the check pays for numba's import
-            self.finite_kernel_due = (self.decision.phase != "probe"
-                                      and not self.decision.passes_all()
-                                      and kernels.installed() and not kernels.ready("finite"))
+            self.finite_kernel.observe(self.decision)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]

@@ -103,7 +103,7 @@ def warm(module):
     training uses (the first step, without memory, and the later ones, with it), so that a
     training's first steps do not pay for it and LayerFusion's timings of them stay true. Called
     by the constructors of the methods that use the kernels and by the step engine ('finite',
-    ``hvdcomp.engine.StepEngine.finite_kernel_due``); once per module and process; nothing on
+    ``hvdcomp.engine.FiniteKernel``); once per module and process; nothing on
     the reference path (except the ``ALWAYS`` kernels)."""
     if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return

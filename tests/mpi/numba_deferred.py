@@ -1,5 +1,5 @@
 """Rank script (2 ranks): a job that passes every gradient never loads numba
-(``hvdcomp.engine.StepEngine.finite_kernel_due``). PowerSGD (no kernels of its own) trains 20
+(``hvdcomp.engine.FiniteKernel``). PowerSGD (no kernels of its own) trains 20
 steps of the digits MLP through the stock hvd.DistributedOptimizer(SGD) with
 ``decision='pass', on_nonfinite='skip'``, so that hvdcomp checks every tensor Horovod sums at
 every step (NumPy's check, numba not loaded), rank 1's batch holding a NaN at step NAN_STEP; then
