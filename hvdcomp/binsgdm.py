@@ -111,6 +111,7 @@ class BinSGDM(Method):
     refusal = "every tensor is a candidate, and BinSGDM carries its own momentum and normaliser"
     fixed = {"min_compress_numel": 0}
     n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
+    kernel_modules = ("votes",)  # loaded by its constructor: its moments run on every step
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat"):
         self.betas, self.eps = moment_constants(betas, eps)
@@ -145,7 +146,7 @@ class BinSGDM(Method):
         (``normaliser_mean``: the step's scale under SGD) and the new moments, as its compressed
         step would update them (one fused pass on host arrays, ``FusedPath``)."""
         b1, b2 = self.betas_in_use
-        if kernels.active(work, out):
+        if kernels.active("votes", work, out):
             from hvdcomp.kernels import votes as kv
             m, v = store.get(key) or (None, None)
             moments = tuple(store.spare(key, work, part) for part in (0, 1))
@@ -164,8 +165,9 @@ class BinSGDM(Method):
         ctx, hier = batch.ctx, self.layout(batch.ctx)
         # the votes and the mean follow the gradients (host arrays: fused kernels; tensors on a
         # device: array operations there); the inter-node stages work on host arrays
-        path = FusedPath if kernels.active(*(e.work for e in batch.entries)) else ReferencePath
-        host = FusedPath if kernels.mode() == "numba" else ReferencePath
+        path = (FusedPath if kernels.active("votes", *(e.work for e in batch.entries))
+                else ReferencePath)
+        host = FusedPath if kernels.on("votes") else ReferencePath
         with batch.phase("encode"):
             votes = path.votes(batch, self.betas_in_use, self.eps,
                                batch.key(self.seed, batch.step, ctx.rank, alg.VOTE))

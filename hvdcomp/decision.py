@@ -377,6 +377,14 @@ class Decision:
             self.full_due = self.interval - self.seen
 
 
+def compresses_for_good(decision):
+    """Whether the threshold in force of ``decision`` compresses some tensor as more than a
+    first-round sample: a fixed mode's, the choice held, or a finalist of a probe's second round
+    (where its samples may decide the choice). The step engine then loads the fused kernels
+    (``hvdcomp.engine.KernelLoading``)."""
+    return not decision.passes_all() and (decision.phase != "probe" or decision.round == "refine")
+
+
 def _name(threshold):
     if threshold == HALF:
         return "pass all in fp16"

@@ -45,7 +45,7 @@ reference path).
 """
 import numpy as np
 
-from hvdcomp import feedback, kernels, preconditioning, signmsg
+from hvdcomp import feedback, preconditioning, signmsg
 from hvdcomp.backend import unpack_signs, xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import votes
@@ -133,9 +133,7 @@ class EFSignSGD(Method):
 
     name = "EFSignSGD"
     n_scalars = 1  # this rank's scale ||p||_1 / d
-
-    def __init__(self):
-        kernels.warm("signs")
+    kernel_modules = ("signs",)
 
     def prepare(self, batch):
         for e in batch.entries:

@@ -45,6 +45,7 @@ import numpy as np
 from hvdcomp import checks, feedback, kernels, loss_scale, stepaside
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
+from hvdcomp.decision import compresses_for_good
 from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
@@ -265,30 +266,39 @@ class Batch:
         return tuple(parts) + ((self.index,) if self.index else ())
 
 
-class FiniteKernel:
-    """When the step engine loads ``hvdcomp.kernels.finite``, the check of the tensors Horovod
-    sums (``Entry.by_horovod``, through the adapter's ``all_finite``: ~3 us per tensor, where
-    NumPy's costs ~10 us, the same verdict): at once where numba is loaded already (the methods
-    with kernels load theirs in their constructors), else at the first step after the decision
-    compresses for good (not a probe's candidate), so that a job that passes every gradient
-    never pays numba's import and target initialisation (~1 s per process; PowerSGD's first
-    step took 2.1 s for it on 4 ranks of 2 cores). Until then the check is NumPy's, and it runs
-    on the steps hvdcomp agrees only (``QuietSteps`` check nothing)."""
+class KernelLoading:
+    """When the step engine loads the fused kernels (``hvdcomp.kernels``) its method's host path
+    uses (``Method.kernel_modules``) and ``finite`` (the check of the tensors Horovod sums,
+    ``Entry.by_horovod``, through the adapter's ``all_finite``: ~3 us per tensor, where NumPy's
+    costs ~10 us): where compressing pays, so that a job that passes every gradient never pays
+    numba's import and target initialisation (~1 s per process: on 4 ranks of 2 cores, 1.5-3.5 s
+    before a 3-5 s training's first step). That is at once where numba is loaded already
+    (another compressor, BinSGDM's constructor) or the decision compresses for good (mode
+    'compress'); else at the first step after the decision holds a choice that compresses, or
+    puts a compressing candidate in force in its probe's second round (a finalist, whose samples
+    then time the kernels: the first round times it on the reference path, which can only make
+    a candidate look slower than it is, by its encode and decode only). Until then the methods
+    run their NumPy reference path (the same bits: ``hvdcomp.kernels``) and the check is
+    NumPy's (the same verdict), on the steps hvdcomp agrees only (``QuietSteps`` check
+    nothing). Loading happens at a step's first ``entry`` (before the decision's window begins)
+    or, for a graph front end, its first batch."""
 
-    def __init__(self):
-        if kernels.numba_loaded():
-            kernels.warm("finite")
-        self.due = False
+    def __init__(self, method, decision):
+        self.modules = ("finite",) + tuple(getattr(method, "kernel_modules", ()))
+        self.due = kernels.numba_loaded()  # loading them then costs ~0.1 s, not numba's import
+        self.observe(decision)
+        self.load_if_due()
 
     def observe(self, decision):
-        """After the decision's observation of a step: is the kernel due?"""
-        self.due = (decision.phase != "probe" and not decision.passes_all()
-                    and kernels.installed() and not kernels.ready("finite"))
+        """After the decision's observation of a step: are the kernels due?"""
+        self.due = self.due or (compresses_for_good(decision) and kernels.installed()
+                                and not all(map(kernels.ready, self.modules)))
 
     def load_if_due(self):
-        """Load it where it is due (between steps: at a step's first ``entry``)."""
+        """Load them where they are due (between steps)."""
         if self.due:
-            kernels.warm("finite")
+            for module in self.modules:
+                kernels.warm(module)
             self.due = False
 
 
@@ -323,7 +333,7 @@ class StepEngine:
         self.summed = {}  # key -> the Entry by_horovod of its last step (see entry())
         self.phases = {}
         self.last_stats, self.total_stats = None, StepStats()
-        self.finite_kernel = FiniteKernel()
+        self.kernels = KernelLoading(method, decision)
 
     def phase(self, name):
         """A ``with`` block whose wall time is added to this batch's ``phases[name]``."""
@@ -341,7 +351,7 @@ class StepEngine:
         full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
         steps: ~4 ms per step). The step's first call starts the decision's timing window."""
-        self.finite_kernel.load_if_due()  # before the window begins: no candidate's cost
+        self.kernels.load_if_due()  # before the window begins: no candidate's cost
         self.decision.begin()
         defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
         if by_horovod:
@@ -369,6 +379,8 @@ class StepEngine:
         """Reduce ``entries`` (sorted identically on every rank) and keep their results. With
         ``end_step=False`` (one bucket of a step) the step is not ended and a batch to skip
         raises ``SkipStep``. Returns the batch's ``StepStats``."""
+        if self.batch == 0:
+            self.kernels.load_if_due()  # a graph front end's (no entry() came first)
         if end_step and self.batch == 0 and self.quiet.take(entries, self.step):
             return self._pass_quietly(entries)
         ctx = self.context()
@@ -434,7 +446,7 @@ class StepEngine:
                                   and all(hasattr(e.adapter, "halved") for e in entries))
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
-            self.finite_kernel.observe(self.decision)
+            self.kernels.observe(self.decision)
         absent = [entries[i] for i in sorted(agreed.absent)]
         live = [e for i, e in enumerate(entries) if i not in agreed.absent] if absent else entries
         big = [e for e in live if not e.dense]

@@ -92,6 +92,7 @@ class Hierarchical:
     def __init__(self, method):
         self.inner = method
         self.name, self.n_scalars = method.name, method.n_scalars
+        self.kernel_modules = getattr(method, "kernel_modules", ())
         self.whole = getattr(method, "node_shares", "elements") == "tensors"
         self.hierarchy = None  # the Hierarchy, found at the first compressed batch or carry
         self._rows = None

@@ -13,7 +13,7 @@ rank's own message as values; not state). Host (NumPy/CPU) tensors run the fused
 selects the reference path).
 """
 
-from hvdcomp import feedback, kernels, signmsg, validate
+from hvdcomp import feedback, signmsg, validate
 from hvdcomp.algorithms import marsit as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
@@ -52,10 +52,10 @@ class Marsit(Method):
 
     name = "Marsit"
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
+    kernel_modules = ("signs",)
 
     def __init__(self, *, compensation="hybrid"):
         self.compensation = validate.choice("compensation", compensation, tuple(alg.LOCAL_SHARE))
-        kernels.warm("signs")
 
     def settings(self):
         return {"compensation": self.compensation}

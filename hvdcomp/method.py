@@ -51,7 +51,10 @@ class Method:
       passes only if it can step aside, providing ``exact_parts(work, key, store, out)``
       (``hvdcomp.stepaside``: BinSGDM);
     - ``refused``: common settings it cannot take, and ``refusal``, why; ``fixed``: common
-      settings it sets itself (e.g. ``min_compress_numel=0``).
+      settings it sets itself (e.g. ``min_compress_numel=0``);
+    - ``kernel_modules``: the ``hvdcomp.kernels`` modules its host path uses, loaded by the step
+      engine where compressing pays (``hvdcomp.engine.KernelLoading``; the reference path,
+      the same bits, until then).
     """
 
     name = "base"
@@ -61,6 +64,7 @@ class Method:
     under_adam = "momentum"
     returns_step = None
     refused, refusal, fixed = (), "", {}
+    kernel_modules = ()
     seed = 0  # common settings, set by the runtime (hvdcomp.facade)
     preconditioner = None
     last_legs = None  # node stages: {'intra', 'inter'} CommStats of the last batch, if any

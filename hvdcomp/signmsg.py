@@ -19,7 +19,7 @@ BITS = "#bits"  # scratch key suffix of a tensor's packed bits between prepare a
 
 def fused(entry):
     """True when ``entry`` runs the fused kernels (``hvdcomp.kernels.active``)."""
-    return kernels.active(entry.work)
+    return kernels.active("signs", entry.work)
 
 
 def compensate(batch, entry):

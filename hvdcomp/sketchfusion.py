@@ -56,7 +56,7 @@ from hvdcomp.method import Method
 def sketch_of(fused, h):
     """``alg.encode(fused, h)``: this rank's table, flattened; for a host float32 vector by the
     one-pass kernel (``hvdcomp.kernels.sketch``, the same bits) when the kernels are on."""
-    if kernels.active(fused) and fused.dtype == np.float32:
+    if kernels.active("sketch", fused) and fused.dtype == np.float32:
         from hvdcomp.kernels import sketch as ks
         table = np.zeros((h.rows, h.cols), dtype=np.float32)
         ks.sketch(fused, h.offsets, h.chunk_signs, table)
@@ -70,7 +70,7 @@ def heavy_hitters(table, h, k, device=None, scratch=None):
     most ``MAX_ROWS`` rows), into ``scratch`` (a host float32 buffer of ``h.n`` elements kept
     across steps, or None: a new one), and the exact top-k's threshold scan is the kernels'
     (``hvdcomp.kernels.topk``)."""
-    if device is None and kernels.mode() == "numba":
+    if device is None and kernels.on("sketch"):
         from hvdcomp.kernels import sketch as ks
         from hvdcomp.kernels.topk import SumSource
         if h.rows <= ks.MAX_ROWS:
@@ -112,6 +112,7 @@ class SketchFusion(Method):
 
     name = "SketchFusion"
     n_scalars = 0
+    kernel_modules = ("sketch", "topk")  # its table, and the exact top-k's threshold scan
 
     def __init__(self, ratio=0.05, *, momentum_ratio=0.2, rows=1, cols=None, width=2,
                  exact=True, wire="float16"):
@@ -122,7 +123,6 @@ class SketchFusion(Method):
         self.width = validate.count("width (cols per selected position)", width, 1)
         self.exact = validate.flag("exact", exact)
         self.wire = validate.choice("wire", wire, ("float16", "float32"))
-        kernels.warm("sketch")
 
     def settings(self):
         return {"ratio": self.ratio, "momentum_ratio": self.momentum_ratio, "rows": self.rows,

@@ -93,7 +93,7 @@ def set_ops(values):
     """``(sum_pair, won)`` for sparse sets whose values are like ``values``: the kernels' linear
     merges (``hvdcomp.kernels.topk``) for host float arrays when the kernels are on, else the
     reference's ``alg.sum_pair`` and ``alg.won``. The same results either way."""
-    if kernels.active(values):
+    if kernels.active("topk", values):
         from hvdcomp.kernels import topk as fused
         return fused.sum_pair, fused.won
     return alg.sum_pair, alg.won
@@ -104,7 +104,7 @@ def compensate_and_select(batch, entry, k, selection, seed):
     formed on the way (``hvdcomp.feedback``): on host float tensors by the fused scan of
     ``hvdcomp.kernels.topk`` (one pass for the sum and the threshold), else by
     ``feedback.compensate`` before the selection. Same indices and values either way."""
-    if not kernels.active(entry.work):
+    if not kernels.active("topk", entry.work):
         return alg.select(feedback.compensate(batch, entry), k, selection, seed=seed)
     from hvdcomp.kernels.topk import SumSource
     memory, out = feedback.buffers(batch, entry)
@@ -137,6 +137,7 @@ class TopK(Method):
 
     name = "TopK"
     n_scalars = 0
+    kernel_modules = ("topk",)
 
     def __init__(self, ratio=None, *, momentum_ratio=None, k=None, bidirectional=True,
                  path="tree", selection="approx"):
@@ -151,7 +152,6 @@ class TopK(Method):
         self.bidirectional = validate.flag("bidirectional", bidirectional)
         self.path = validate.choice("path", path, PATHS)
         self.selection = validate.choice("selection", selection, SELECTIONS)
-        kernels.warm("topk")
 
     def settings(self):
         return {"ratio": self.ratio, "momentum_ratio": self.momentum_ratio, "k": self.k,

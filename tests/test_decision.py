@@ -67,6 +67,28 @@ def test_the_probe_chooses_the_fastest_candidate_and_holds_it(fastest):
     assert d.as_dict()["threshold"] == fastest
 
 
+def test_compressing_for_good_is_a_choice_a_fixed_mode_or_a_finalist_not_a_screen_sample():
+    """``decision.compresses_for_good`` (when the step engine loads the fused kernels): never while
+    passing, nor for a compressing candidate's first-round sample (hopeless ones are dropped
+    there, on the reference path); yes for a finalist in the second round, a held choice that
+    compresses, and mode 'compress'."""
+    d = Decision("measure", 1024)
+    states = []
+    for i in range(40):
+        states.append((d.phase, d.round, d.threshold, decision.compresses_for_good(d)))
+        d.observe(0.0 if d.thresholds is None else (0.010 if d.threshold == 1024 else 0.020),
+                  (16384, 2560, 10))
+    assert not any(good for _, _, t, good in states if t == NEVER)
+    assert not any(good for phase, rnd, _, good in states if phase == "probe" and rnd == "screen")
+    assert any(good for phase, rnd, t, good in states if rnd == "refine" and t == 1024)
+    assert d.phase == "hold" and d.threshold == 1024 and decision.compresses_for_good(d)
+    held = Decision("measure", 1024)
+    feed(held, (40, lambda t, i: 0.010 if t == NEVER else 0.020))
+    assert held.phase == "hold" and not decision.compresses_for_good(held)
+    assert decision.compresses_for_good(Decision("compress", 1024))
+    assert not decision.compresses_for_good(Decision("pass", 1024))
+
+
 def test_a_tie_goes_to_the_exact_sum_and_compression_must_win_by_the_margin():
     d = Decision("measure", 1024, margin=0.05)
     feed(d, (20, lambda t, i: 0.0100 if t == NEVER else 0.0097))  # 3% faster: not enough

@@ -173,12 +173,15 @@ def test_topk_set_merges_match_the_reference(idt, vdt, na, nb, shared):
 
 def test_switch(monkeypatch):
     x = np.zeros(16, np.float32)
+    kernels.warm("signs")
     monkeypatch.setenv(kernels.ENV, "numpy")
-    assert kernels.mode() == "numpy" and not kernels.active(x)
+    assert kernels.mode() == "numpy" and not kernels.active("signs", x)
     monkeypatch.setenv(kernels.ENV, "numba")
-    assert kernels.active(x) and kernels.active(x, None)
-    assert not kernels.active(x[::2]) and not kernels.active(x.astype(np.float16))
-    assert not kernels.active(x, x.astype(np.float64)) and not kernels.active(x.reshape(4, 4))
+    assert kernels.active("signs", x) and kernels.active("signs", x, None)
+    assert not kernels.active("signs", x[::2]) and not kernels.active("signs", x.astype(np.float16))
+    assert not kernels.active("signs", x, x.astype(np.float64))
+    assert not kernels.active("signs", x.reshape(4, 4))
+    assert not kernels.active("no-such-kernels", x)  # not loaded: the reference path
     monkeypatch.setenv(kernels.ENV, "fast")
     with pytest.raises(ValueError):
         kernels.mode()
@@ -318,16 +321,18 @@ def test_finite_at_address_matches_numpy(n, dtype):
 
 @pytest.mark.timeout(200)
 def test_a_job_that_passes_every_gradient_never_loads_numba():
-    """2 real ranks, PowerSGD (no kernels of its own) through the stock DistributedOptimizer:
-    passing every gradient with ``on_nonfinite='skip'`` (every tensor Horovod sums checked at
-    every step) the job never imports numba (~1 s per process, before its first step), and the
+    """2 real ranks through the stock DistributedOptimizer: passing every gradient, PowerSGD
+    (no kernels of its own) with ``on_nonfinite='skip'`` (every tensor Horovod sums checked at
+    every step) and then Marsit, the job never imports numba (~1 s per process), and the
     check still catches rank 1's NaN: one step skipped on both ranks, which stay bit-identical;
-    compressing for good loads the finite kernel from the first step."""
+    Marsit compressing for good loads its kernels and the finite check's."""
     from mpirun import results, run
     res = results(run(2, "numba_deferred.py", timeout=150))
     assert sorted(res) == [0, 1]
     for r in res.values():
-        assert r["passing"] == {"identical": 20, "skipped": 1, "numba": False,
-                                "finite_kernel": False}, r
-        assert r["compressing"] == {"identical": 4, "skipped": 0, "numba": True,
-                                    "finite_kernel": True}, r
+        assert r["powersgd-pass"] == {"identical": 20, "skipped": 1, "numba": False,
+                                      "loaded": []}, r
+        assert r["marsit-pass"] == {"identical": 20, "skipped": 0, "numba": False,
+                                    "loaded": []}, r
+        assert r["marsit-compress"] == {"identical": 4, "skipped": 0, "numba": True,
+                                        "loaded": ["finite", "signs"]}, r

@@ -18,10 +18,12 @@ modules' docstrings):
   one pass;
 - ``hvdcomp.kernels.finite``: whether a small float32/float64 host buffer is finite, read in place
   by its address (the check of every tensor Horovod sums for hvdcomp, once per tensor per step;
-  in ``ALWAYS``: used whenever numba is installed, as it replaces no reference computation, from
-  when the step engine loads it: at once where numba is loaded already, else once the
-  compress-or-pass decision compresses for good, so that a job that passes every gradient never
-  pays numba's ~1 s import; until then the check is NumPy's, the same verdict).
+  in ``ALWAYS``: used whenever numba is installed, as it replaces no reference computation).
+
+When they are loaded: where compressing pays (``hvdcomp.engine.KernelLoading``: the decision
+holds or tries in earnest a choice that compresses, or numba is loaded already), so that a job
+that passes every gradient never pays numba's import (~1 s per process); ``active(module, ...)``
+serves a module's kernels once it is loaded, the reference path (the same bits) until then.
 
 They apply to host (NumPy) arrays only: contiguous 1-D float32 or float64 (CPU torch tensors
 reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.backend`` path.
@@ -82,12 +84,13 @@ def mode():
     return want or ("numba" if installed() else "numpy")
 
 
-def active(*arrays):
-    """True when the fused kernels serve these arrays: the kernels are selected, and every
-    array is a C-contiguous 1-D NumPy float32/float64 array (``None`` entries are skipped) of
-    one dtype."""
+def active(module, *arrays):
+    """True when the fused kernels of ``module`` serve these arrays: the kernels are selected,
+    ``module``'s are loaded (``warm``: until then the reference path runs, the same bits), and
+    every array is a C-contiguous 1-D NumPy float32/float64 array (``None`` entries are skipped)
+    of one dtype."""
     arrays = [a for a in arrays if a is not None]
-    if not arrays or mode() != "numba":
+    if not arrays or not on(module):
         return False
     dtype = arrays[0].dtype if isinstance(arrays[0], np.ndarray) else None
     return all(isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype == dtype
@@ -100,11 +103,12 @@ _WARMED = set()
 def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
     the kernels of ``module`` ('signs', 'topk', 'votes', 'sketch' or 'finite') that a float32
-    training uses (the first step, without memory, and the later ones, with it), so that a
-    training's first steps do not pay for it and LayerFusion's timings of them stay true. Called
-    by the constructors of the methods that use the kernels and by the step engine ('finite',
-    ``hvdcomp.engine.FiniteKernel``); once per module and process; nothing on
-    the reference path (except the ``ALWAYS`` kernels)."""
+    training uses (the first step, without memory, and the later ones, with it), so that the
+    steps that use them do not pay for it. Called by the step engine for the kernels of its
+    method (``Method.kernel_modules``) and 'finite' (``hvdcomp.engine.KernelLoading``: where
+    compressing pays), and by BinSGDM's constructor (its moments use them on every step); once
+    per module and process; nothing on the reference path (except the ``ALWAYS`` kernels).
+    ``active`` serves a module's kernels from then on."""
     if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return
     importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)
@@ -114,6 +118,11 @@ def warm(module):
 def ready(module):
     """Whether ``module``'s kernels are loaded in this process (``warm`` ran for it)."""
     return module in _WARMED
+
+
+def on(module):
+    """Whether ``module``'s kernels serve host arrays now: selected (``mode``) and loaded."""
+    return module in _WARMED and mode() == "numba"
 
 
 def numba_loaded():

@@ -1,12 +1,12 @@
 """Rank script (2 ranks): a job that passes every gradient never loads numba
-(``hvdcomp.engine.FiniteKernel``). PowerSGD (no kernels of its own) trains 20
-steps of the digits MLP through the stock hvd.DistributedOptimizer(SGD) with
+(``hvdcomp.engine.KernelLoading``). The digits MLP trains through the stock
+hvd.DistributedOptimizer(SGD): PowerSGD (no kernels of its own) 20 steps with
 ``decision='pass', on_nonfinite='skip'``, so that hvdcomp checks every tensor Horovod sums at
-every step (NumPy's check, numba not loaded), rank 1's batch holding a NaN at step NAN_STEP; then
-``PowerSGD(decision='compress')`` (compressing for good from its first step) trains 4 more.
-Reports: whether numba was imported after the passing run and the finite kernel loaded, the
-steps skipped, the steps that ended bit-identical on every rank, and the same after the
-compressing run."""
+every step (NumPy's check, numba not loaded), rank 1's batch holding a NaN at step NAN_STEP;
+then Marsit (whose kernels its constructor loaded until session 55) 20 steps with
+``decision='pass'``; then Marsit with ``decision='compress'`` (compressing for good from its
+first step) 4 steps. Reports per run: the steps that ended bit-identical on every rank, the
+steps skipped, whether numba was imported after it, and which kernels were loaded."""
 import sys
 
 import torch
@@ -36,9 +36,12 @@ def run(compression, steps, nan_step=None):
         opt.step()
         identical += identical_across_ranks(model)
     return {"identical": identical, "skipped": compression.state_dict()["skipped"],
-            "numba": "numba" in sys.modules, "finite_kernel": kernels.ready("finite")}
+            "numba": "numba" in sys.modules,
+            "loaded": [m for m in ("finite", "signs", "topk", "votes", "sketch")
+                       if kernels.ready(m)]}
 
 
-passing = run(hvdcomp.PowerSGD(decision="pass", on_nonfinite="skip"), 20, NAN_STEP)
-compressing = run(hvdcomp.PowerSGD(decision="compress"), 4)
-report(rank=hvd.rank(), passing=passing, compressing=compressing)
+out = {"powersgd-pass": run(hvdcomp.PowerSGD(decision="pass", on_nonfinite="skip"), 20, NAN_STEP),
+       "marsit-pass": run(hvdcomp.Marsit(decision="pass"), 20),
+       "marsit-compress": run(hvdcomp.Marsit(decision="compress"), 4)}
+report(rank=hvd.rank(), **out)
