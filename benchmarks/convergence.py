@@ -237,9 +237,10 @@ def aggregate(records, tasks, methods, scales):
 def timed_rounds(timing, task, rate):
     """method -> one ``(seconds per training step, setup seconds)`` per round
     (``--timing-rounds``) of the ``task`` runs timed at link ``rate``. Setup: the example's
-    ``setup_seconds``, from before the compressor is built to the first step (its constructor,
-    ``hvd.DistributedOptimizer``, the broadcasts), which a user's job pays once (0.0 in records
-    without it)."""
+    ``setup_seconds`` (rank 0's: the compressor built and, in the torch examples,
+    ``hvd.DistributedOptimizer``; no collective, so no wait for the other ranks' start-up, which
+    is the same for every method and varies by seconds), which a user's job pays once (0.0 in
+    records without it)."""
     found = {}
     for r in timing:
         if r["task"] == task and r.get("rate") == rate and "error" not in r:
