@@ -237,10 +237,11 @@ def aggregate(records, tasks, methods, scales):
 def timed_rounds(timing, task, rate):
     """method -> one ``(seconds per training step, setup seconds)`` per round
     (``--timing-rounds``) of the ``task`` runs timed at link ``rate``. Setup: the example's
-    ``setup_seconds`` (rank 0's: the compressor built and, in the torch examples,
-    ``hvd.DistributedOptimizer``; no collective, so no wait for the other ranks' start-up, which
-    is the same for every method and varies by seconds), which a user's job pays once (0.0 in
-    records without it)."""
+    ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
+    with numba kernels loaded them there, ~1 s; what every method's job pays alike, the
+    optimizer, Horovod's broadcasts and the wait in them for the other ranks' start-up, 2-5 s
+    here and varying by seconds, is left out), which a user's job pays once (0.0 in records
+    without it)."""
     found = {}
     for r in timing:
         if r["task"] == task and r.get("rate") == rate and "error" not in r:

@@ -130,8 +130,9 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
 
     model = CharLM(len(vocab), context=args.context)
     numel = sum(p.numel() for p in model.parameters())
-    built = time.perf_counter()  # setup_seconds: the compressor built, the optimizer wrapped
+    built = time.perf_counter()
     compression = COMPRESSIONS[method]()
+    setup_seconds = time.perf_counter() - built  # the compressor's construction
     # the optimizer and rate: this call's, else the command line's, else the method's default
     opt_name = optimizer or args.optimizer or DEFAULTS[method][0]
     lr = next(x for x in (lr, args.lr, DEFAULTS[method][1]) if x is not None)
@@ -142,7 +143,6 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if opt_name == "sgdm" else 0.0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
-    setup_seconds = time.perf_counter() - built  # this rank's own: no collective in it
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     warmup = getattr(args, "warmup_steps", 0)

@@ -70,12 +70,12 @@ def train(args, method, seed, lr=None, verbose=True):
     rank), and the trained model and the compression (for ``main``'s checkpoint)."""
     tf.keras.utils.set_random_seed(seed)
     (xs, ys), (xte, yte) = data(hvd.rank(), hvd.size())
-    built = time.perf_counter()  # setup_seconds: the compressor built
+    built = time.perf_counter()
     if method in ("none", "fp16"):
         compression = getattr(hvd.Compression, method)
     else:
         compression = registry.build(method)
-    setup_seconds = time.perf_counter() - built
+    setup_seconds = time.perf_counter() - built  # the compressor's construction
     lr_default, momentum = registry.lr_momentum(method, "tf-digits", fallback="digits")
     lr = next(x for x in (lr, args.lr, lr_default) if x is not None)
     momentum = momentum if args.momentum is None else args.momentum
