@@ -286,20 +286,20 @@ class KernelLoading:
     def __init__(self, method, decision):
         self.modules = ("finite",) + tuple(getattr(method, "kernel_modules", ()))
         self.due = kernels.numba_loaded()  # loading them then costs ~0.1 s, not numba's import
+        self.loaded = not kernels.installed()  # nothing to load
         self.observe(decision)
         self.load_if_due()
 
     def observe(self, decision):
         """After the decision's observation of a step: are the kernels due?"""
-        self.due = self.due or (compresses_for_good(decision) and kernels.installed()
-                                and not all(map(kernels.ready, self.modules)))
+        self.due = not self.loaded and (self.due or compresses_for_good(decision))
 
     def load_if_due(self):
-        """Load them where they are due (between steps)."""
+        """Load them where they are due (between steps), once."""
         if self.due:
             for module in self.modules:
                 kernels.warm(module)
-            self.due = False
+            self.due, self.loaded = False, True
 
 
 class StepEngine:
