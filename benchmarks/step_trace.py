@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -28,22 +29,28 @@ sys.path.insert(0, os.path.dirname(HERE))
 from convergence_ranks import init_ranks, load_example  # noqa: E402
 
 
-def traced(make, stamps, decisions):
+def traced(make, stamps, decisions, windows):
     """``hvd.DistributedOptimizer`` (``make``) whose optimizer appends, after each ``step()``, the
-    time to ``stamps`` and the decision of the compressor's last step to ``decisions``."""
+    time to ``stamps``, the decision of the compressor's last step to ``decisions`` and, to
+    ``windows``, this rank's exchange window of the step before (``Decision.last_window``) and
+    the candidates' medians of the last probe (agreed windows: the slowest rank's)."""
     def wrap(optimizer, **kwargs):
         dist = make(optimizer, **kwargs)
         step, compression = dist.step, kwargs.get("compression")
 
-        def timed(*args, **kw):
+        def timed(_self, *args, **kw):
             result = step(*args, **kw)
             stamps.append(time.perf_counter())
             stats = getattr(compression, "last_stats", None)
             d = stats.decision if stats is not None else {}
             decisions.append([d.get("phase"), str(d.get("threshold")), bool(d.get("half"))]
                              if d else None)
+            rule = getattr(compression, "decision", None)
+            windows.append(None if rule is None else {
+                "window": rule.last_window, "medians": {
+                    str(rule.thresholds[i]): m for i, m in rule.medians.items()}})
             return result
-        dist.step = timed
+        dist.step = types.MethodType(timed, dist)  # bound: a LR scheduler rewraps it
         return dist
     return wrap
 
@@ -74,8 +81,8 @@ def main():
     ex_args = mod.parser().parse_args([a for a in args.rest if a != "--"])
     make, found = hvd.DistributedOptimizer, {}
     for method in args.methods.split(","):
-        stamps, decisions = [], []
-        hvd.DistributedOptimizer = traced(make, stamps, decisions)
+        stamps, decisions, windows = [], [], []
+        hvd.DistributedOptimizer = traced(make, stamps, decisions, windows)
         try:
             rec = mod.train(ex_args, method, 0, None, verbose=False)
         finally:
@@ -93,6 +100,7 @@ def main():
                   f"{1e3 * statistics.median(dts):.2f} ms", flush=True)
         found.setdefault(method, []).append({"seconds": s["seconds"], "first_s": first,
                                              "steps_s": steps, "decisions": decisions,
+                                             "windows": windows,
                                              "final": s["final"]})
     if args.out and hvd.rank() == 0:
         with open(args.out, "w") as fh:
