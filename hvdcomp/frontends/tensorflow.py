@@ -506,10 +506,14 @@ class StepBatch:
     def take(self, key, step, reduced):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
-        step's reduction). ``step``: the batch op's output, the input that orders the two;
-        ``reduced``: the reduced placeholder. (A gradient that Horovod summed: ``summed``.)"""
+        step's reduction), or, for a gradient that Horovod summed on a skipped step, the fill
+        in every element. ``step``: the batch op's output, the input that orders the two;
+        ``reduced``: the reduced placeholder, or Horovod's sum. (Horovod's sum of a step that
+        was not skipped: ``summed``.)"""
         flat = self.results.pop(key)
         self._handed_over()
+        if isinstance(flat, HorovodSum):
+            return np.full(self.tensors[key].shape.num_elements(), flat.fill, np.float32)
         factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
@@ -519,18 +523,22 @@ class StepBatch:
         self.compressor.handed_over(self.process_set)
         return np.int64(0)
 
-    def summed(self, index, step, output):
-        """The result of gradient ``index`` where Horovod summed it itself: ``output`` (its
-        sum), or, where the step was skipped, the fill that the step op's output holds for it
-        (``step[index]``; +inf: none), in graph ops (no copy of the sum through Python); after
-        a scalar op that ends the decision's window once Horovod's sum is there."""
+    def summed(self, output):
+        """The result of a gradient where Horovod summed it itself and the step was not
+        skipped (``summed_here``): ``output``, its sum, in graph ops (no copy of it through
+        Python), after a scalar op that ends the decision's window once the sum is there."""
         flat = tf.reshape(output, [-1])
         marked = tf.numpy_function(self._handed_over, [flat[:1]], tf.int64, stateful=False,
                                    name=f"hvdcomp_{self.compressor.method}_summed")
-        fill = step[index]
         with tf.control_dependencies([marked]):
-            return tf.cond(tf.math.is_inf(fill), lambda: tf.identity(flat),
-                           lambda: tf.fill(tf.shape(flat), fill))
+            return tf.identity(flat)
+
+    def summed_here(self, index, step):
+        """Whether the result of gradient ``index`` is Horovod's sum as it is (``summed``): the
+        plan handed it to Horovod and the step op's output holds no fill for it (+inf; a skipped
+        step's fill is ``take``'s). One ``tf.cond`` per gradient on this, where a cond on the
+        plan and another on the fill would trace twice the branch functions."""
+        return tf.logical_and(self.plan_op()[index], tf.math.is_inf(step[index]))
 
 
 # compressor -> the StepBatch being traced (the last allreduce_grads call seen).
@@ -587,7 +595,7 @@ class Deferred:
                                          work.dtype, stateful=False,
                                          name=f"hvdcomp_{comp.method}_take")
             out = (take() if self.index is None else
-                   tf.cond(batch.plan_op()[self.index],
-                           lambda: batch.summed(self.index, step, output), take))
+                   tf.cond(batch.summed_here(self.index, step),
+                           lambda: batch.summed(output), take))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
