@@ -75,14 +75,6 @@ same threshold, applied from the next step on):
   scaled alike: the choice got faster (its probe's steps came right after another candidate's,
   or were among the first: Horovod negotiates a tensor's first allreduces), which makes no
   other candidate better; a later rise is then measured from there.
-- *the hold's check*: a probe's samples are few, and where step times are noisy (4 ranks on 2
-  cores, recipe (b) at 1 Gbit/s: steps of 8-58 ms) 3 samples can make a candidate look faster
-  than it runs (passing in float16, chosen there and then held 228 steps at a 20 ms median
-  step, where passing exactly ran 13). So once after each probe, when the hold has its first
-  ``2 samples`` windows of the choice, their median is compared with the other candidates'
-  medians; those faster by ``margin`` run ``samples`` steps each (after ``settle``) and the
-  choice is made again, the hold's windows standing as the choice's samples (it runs no step
-  more). A probe that the check started is not checked: at most one such probe per probe.
 - *light and full revisits*: a candidate whose median was within ``1 + abort`` times the
   choice's is *close* (noise may have decided between them, and probing it costs little); the
   others are *far*. The regular revisits run the choice and the close candidates only (a light
@@ -163,7 +155,6 @@ class Decision:
         self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
         self.light = False  # whether the probe under way runs the close candidates only
         self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
-        self.check = self.checking = False  # hold: to be checked; probe: started by the check
 
     @property
     def threshold(self):
@@ -265,16 +256,21 @@ class Decision:
         if self.queue:
             self._run_next()
             return
-        chosen = choose(self.taken, self.margin, self.medians, self.spreads)
+        for i, w in self.taken.items():
+            self.medians[i] = float(np.median(w))
+            self.spreads[i] = (max(w) - min(w)) / self.medians[i]
         self.queue, self.windows, self.seen = None, [], 0
-        rivals = within_noise(self.taken, self.medians, chosen, self.samples)
+        chosen = max(self.taken)  # the least compression first: ties pass
+        for i in sorted(self.taken, reverse=True):
+            if self.medians[i] < self.medians[chosen] * (1 - self.margin):
+                chosen = i
+        rivals = self._within_noise(chosen)
         if rivals and self.extra < self.retakes:  # noise may have decided: more samples
             self.extra += 1
             self.queue = sorted([chosen, *rivals], key=lambda i: i != self._index())
             self._run_next()
             return
         self.extra = 0
-        self.check, self.checking = not self.checking, False
         stands = chosen == self.chosen
         regular = 2 * self.interval if stands else self.revisit
         self.switches += not stands and self.chosen is not None
@@ -298,6 +294,15 @@ class Decision:
         self.seen = self.settle if self.queue[0] == self._index() else 0
         self.current = self.queue[0]
 
+    def _within_noise(self, chosen):
+        """The finalists other than ``chosen`` whose median is closer to its than half the
+        range (max - min) of either one's samples."""
+        def half_range(i):
+            return (max(self.taken[i]) - min(self.taken[i])) / 2
+        return [i for i, w in self.taken.items() if i != chosen and len(w) >= self.samples
+                and abs(self.medians[i] - self.medians[chosen])
+                < max(half_range(i), half_range(chosen))]
+
     def _affordable(self, chosen):
         """The steps after which a full probe like the last one costs ``budget`` of the
         exchange: each far candidate (a median over ``1 + abort`` times the choice's) ran its
@@ -320,12 +325,6 @@ class Decision:
         now = ratio * self.medians[self.chosen]
         drifted = ratio > 1 + band and now >= (1 - self.margin) * rival
         full = drifted or self.steps >= self.full_due
-        if self.check and len(self.windows) == 2 * self.samples and not full:
-            self.check = False
-            faster = [i for i, m in self.medians.items()
-                      if i != self.chosen and m * (1 + self.margin) < now]
-            if faster:
-                return self._check_choice(faster, now, speak)
         if full or self.seen >= self.interval:
             if speak:
                 log.info("compress-or-pass: probing again (%s%s)", "the step time drifted"
@@ -334,15 +333,6 @@ class Decision:
             # The chosen candidate, in force, is probed first; it stays unless another wins.
             self.phase = "probe"
             self._begin_probe(light=not full)
-
-    def _check_choice(self, faster, now, speak):
-        """The hold's check: ``faster`` (than the held median ``now``) run; the choice stands."""
-        if speak:
-            log.info("compress-or-pass: checking the choice (%.1f ms/step held) against %s",
-                     1e3 * now, ", ".join(_name(self.thresholds[i]) for i in faster))
-        self.phase, self.round, self.light, self.checking = "probe", "refine", True, True
-        self.taken, self.queue = {self._index(): list(self.windows)}, sorted(faster)
-        self._run_next()
 
     def passes_all(self):
         """Whether every tensor is passed, and stays so until the next observation (in a probe
@@ -367,7 +357,7 @@ class Decision:
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
              "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
-             "light", "extra", "check", "checking")
+             "light", "extra")
 
     def state(self):
         """Plain values for a checkpoint."""
@@ -385,30 +375,6 @@ class Decision:
             self.queue = None  # saved mid-probe by a version without rounds: probe again
         if "full_due" not in saved:  # saved before light probes: the next revisit is full
             self.full_due = self.interval - self.seen
-
-
-def choose(taken, margin, medians, spreads):
-    """The candidate a probe chooses from ``taken`` (candidate index -> its samples, windows in
-    seconds): the fastest median, where one that compresses more (a lower index) must beat one
-    that compresses less by ``margin`` (a tie goes to the exact sum). Writes each one's median
-    and spread ((max - min) / median) into ``medians`` and ``spreads``."""
-    for i, w in taken.items():
-        medians[i] = float(np.median(w))
-        spreads[i] = (max(w) - min(w)) / medians[i]
-    chosen = max(taken)  # the least compression first: ties pass
-    for i in sorted(taken, reverse=True):
-        if medians[i] < medians[chosen] * (1 - margin):
-            chosen = i
-    return chosen
-
-
-def within_noise(taken, medians, chosen, samples):
-    """The finalists of ``taken`` (with ``samples`` or more) other than ``chosen`` whose median
-    is closer to its than half the range (max - min) of either one's samples."""
-    def half_range(i):
-        return (max(taken[i]) - min(taken[i])) / 2
-    return [i for i, w in taken.items() if i != chosen and len(w) >= samples
-            and abs(medians[i] - medians[chosen]) < max(half_range(i), half_range(chosen))]
 
 
 def compresses_for_good(decision):
