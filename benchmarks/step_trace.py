@@ -45,8 +45,8 @@ def traced(make, stamps, decisions, windows):
             d = stats.decision if stats is not None else {}
             decisions.append([d.get("phase"), str(d.get("threshold")), bool(d.get("half"))]
                              if d else None)
-            rule = getattr(compression, "decision", None)
-            windows.append(None if rule is None else {
+            rule = getattr(compression, "decision", None)  # an instance's (not a class's)
+            windows.append(None if not hasattr(rule, "last_window") else {
                 "window": rule.last_window, "medians": {
                     str(rule.thresholds[i]): m for i, m in rule.medians.items()}})
             return result
