@@ -355,11 +355,13 @@ class StepBatch:
     says per key whether the step hands that gradient to Horovod's allreduce itself
     (``BatchedCompressor.horovod_plan``: the decision passes it; ``passable``: a float32
     gradient of a static shape whose call averages or sums in its collective). Its ``compress``
-    output (``Deferred.sent``) is then a ``tf.cond`` on the plan: the gradient, flat, or the
-    placeholder. So a passed gradient is summed by Horovod as soon as the backward pass has
+    output (``Deferred.sent``) is then the gradient, flat, or the placeholder, as the plan says
+    (``select``: dataflow ops, not a ``tf.cond``, whose branch functions would cost its trace
+    several times as much). So a passed gradient is summed by Horovod as soon as the backward pass has
     computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
-    ``decompress`` returns Horovod's sum (``summed``; a skipped step: the fill)."""
+    ``decompress`` returns Horovod's sum (``summed``; a skipped step: the fill), where
+    ``summed_here`` says so, else ``take``'s result (``switch``: the other one does not run)."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -385,7 +387,7 @@ class StepBatch:
         self.joined = set()  # the keys whose compress() has been traced
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
         self.results = {}
-        self._step = self._plan = None
+        self._step = self._plan = self._summed = None
 
     def passable(self, key, horovod_op):
         """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
@@ -535,10 +537,36 @@ class StepBatch:
 
     def summed_here(self, index, step):
         """Whether the result of gradient ``index`` is Horovod's sum as it is (``summed``): the
-        plan handed it to Horovod and the step op's output holds no fill for it (+inf; a skipped
-        step's fill is ``take``'s). One ``tf.cond`` per gradient on this, where a cond on the
-        plan and another on the fill would trace twice the branch functions."""
-        return tf.logical_and(self.plan_op()[index], tf.math.is_inf(step[index]))
+        plan handed it to Horovod and the step op's output ``step`` holds no fill for it (+inf;
+        a skipped step's fill is ``take``'s). Computed for the batch once, beside the step op."""
+        if self._summed is None:
+            with self.graph.as_default():
+                self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(step))
+        return self._summed[index]
+
+
+def switch(pred, tensor):
+    """``(tensor where pred is False, tensor where pred is True)``: TensorFlow's dataflow
+    ``Switch`` on the scalar bool tensor ``pred``. The side not taken is *dead*: an op fed by it
+    does not run, and neither do the ops after it, up to a ``merge``. So ops on either side run
+    only on the steps that take it, as in the branches of a ``tf.cond``, without tracing branch
+    functions (a ``tf.cond`` traces two, which made up most of hvdcomp's part of a training
+    function's trace) and without a copy of ``tensor``, on any device."""
+    taken_if_false, taken_if_true = tf.raw_ops.Switch(data=tensor, pred=pred)
+    return taken_if_false, taken_if_true
+
+
+def merge(*sides):
+    """The one live tensor of ``sides`` (the ends of the two sides of a ``switch``, one dtype,
+    any shapes): TensorFlow's dataflow ``Merge``."""
+    return tf.raw_ops.Merge(inputs=list(sides))[0]
+
+
+def select(pred, when_true, when_false):
+    """``when_true`` on the steps where the scalar bool tensor ``pred`` holds, else
+    ``when_false`` (one dtype, any shapes), by ``switch`` and ``merge``: the tensor not chosen
+    is neither copied nor read."""
+    return merge(switch(pred, when_false)[0], switch(pred, when_true)[1])
 
 
 # compressor -> the StepBatch being traced (the last allreduce_grads call seen).
@@ -566,14 +594,14 @@ class Deferred:
 
     def sent(self, placeholder):
         """What Horovod's allreduce gets from ``compress``: ``placeholder``, or, for a gradient
-        Horovod may sum (``StepBatch.passable``), a ``tf.cond`` on the step's plan between the
-        gradient (flat) and ``placeholder`` (a float32 vector either way)."""
+        Horovod may sum (``StepBatch.passable``), the gradient (flat) on the steps whose plan
+        passes it and ``placeholder`` on the others (a float32 vector either way; ``select``)."""
         self.index = None if self.batch is None else self.batch.passable(self.key,
                                                                            self.horovod_op)
         if self.index is None:
             return placeholder
-        plan, flat = self.batch.plan_op(), tf.reshape(self.tensor, [-1])
-        return tf.cond(plan[self.index], lambda: flat, lambda: placeholder)
+        return select(self.batch.plan_op()[self.index], tf.reshape(self.tensor, [-1]),
+                      placeholder)
 
     def build(self, output):
         tensor, key, comp = self.tensor, self.key, self.compressor
@@ -590,12 +618,14 @@ class Deferred:
         else:
             batch, step = self.batch, self.batch.step_op()
 
-            def take():
-                return tf.numpy_function(functools.partial(batch.take, key), [step, output],
+            def take(reduced):
+                return tf.numpy_function(functools.partial(batch.take, key), [step, reduced],
                                          work.dtype, stateful=False,
                                          name=f"hvdcomp_{comp.method}_take")
-            out = (take() if self.index is None else
-                   tf.cond(batch.summed_here(self.index, step),
-                           lambda: batch.summed(output), take))
+            if self.index is None:
+                out = take(output)
+            else:  # Horovod's sum as it is, or take's result (``select``: take runs only then)
+                taken, summed = switch(batch.summed_here(self.index, step), output)
+                out = merge(take(taken), batch.summed(summed))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)

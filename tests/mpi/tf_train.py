@@ -117,8 +117,9 @@ def tape_case(method, epochs, lr, out):
     specs = (tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int64),
              tf.TensorSpec([], tf.bool))
     traced = op_types(train_step.get_concrete_function(*specs).graph, {})
-    out["tape_ops"] = {k: traced.get(k, 0)
-                       for k in ("PyFunc", "PyFuncStateless", "hvd:If", "hvd:StatelessIf")}
+    out["tape_ops"] = {k: traced.get(k, 0) for k in ("PyFunc", "PyFuncStateless", "hvd:If",
+                                                     "hvd:StatelessIf", "Switch", "Merge")}
+    out["tape_ops"]["conds"] = traced.get("If", 0) + traced.get("StatelessIf", 0)
     out["tape_flushes"], out["tape_elements"] = comp.total_stats.steps, comp.last_stats.elements
     out["tape_decision"] = comp.last_stats.decision
     out["variable_elements"] = sum(int(np.prod(v.shape)) for v in variables)
