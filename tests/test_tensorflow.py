@@ -41,13 +41,12 @@ def test_eager_tf_function_and_keras(method, ranks):
         # one fused reduction per training step, of every gradient (not one per tensor)
         assert r["tape_flushes"] == r["tape_steps"], (r["tape_flushes"], r["tape_steps"])
         assert r["tape_elements"] == r["variable_elements"]
-        # one plan op and one batch op; per gradient a stateless take and a stateless op that
-        # ends the decision's window where Horovod summed it; Horovod's 6 conds stateless; per
-        # gradient hvdcomp's choices (what Horovod gets, what the gradient's result is) are
-        # dataflow switches (3) and merges (2), no tf.cond: the conds are Horovod's 6 and the
-        # user's (use_aux, and its gradient)
-        assert r["tape_ops"] == {"PyFunc": 2, "PyFuncStateless": 12, "hvd:If": 0,
-                                 "hvd:StatelessIf": 6, "Switch": 18, "Merge": 12,
+        # one plan op and one batch op; per gradient a stateless take (Horovod's sum too);
+        # Horovod's 6 conds stateless; what Horovod gets per gradient chosen by dataflow ops
+        # (2 switches, 1 merge), no tf.cond: the conds are Horovod's 6 and the user's (use_aux,
+        # and its gradient)
+        assert r["tape_ops"] == {"PyFunc": 2, "PyFuncStateless": 6, "hvd:If": 0,
+                                 "hvd:StatelessIf": 6, "Switch": 12, "Merge": 6,
                                  "conds": 8}, r["tape_ops"]
         assert r["keras_flushes"] == r["keras_steps"], (r["keras_flushes"], r["keras_steps"])
         assert r["keras_elements"] == r["keras_variable_elements"]

@@ -360,8 +360,7 @@ class StepBatch:
     several times as much). So a passed gradient is summed by Horovod as soon as the backward pass has
     computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
-    ``decompress`` returns Horovod's sum (``summed``; a skipped step: the fill), where
-    ``summed_here`` says so, else ``take``'s result (``switch``: the other one does not run)."""
+    ``decompress``'s ``take`` returns Horovod's sum (a skipped step: the fill)."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -387,7 +386,7 @@ class StepBatch:
         self.joined = set()  # the keys whose compress() has been traced
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
         self.results = {}
-        self._step = self._plan = self._summed = None
+        self._step = self._plan = None
 
     def passable(self, key, horovod_op):
         """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
@@ -436,10 +435,10 @@ class StepBatch:
 
     def step_op(self):
         """The batch's reduction op (its output: per key, the value a skipped step fills a
-        gradient that Horovod summed with, else +inf: ``summed``), built at the first call; it
-        runs where Horovod's conds take their allreduce branch (this rank is in
-        the process set, of 2+ ranks), and elsewhere does nothing, as the take ops then do not
-        run either."""
+        gradient that Horovod summed with, else +inf; an input of every ``take``, which orders
+        it after the reduction), built at the first call; it runs where Horovod's conds take
+        their allreduce branch (this rank is in the process set, of 2+ ranks), and elsewhere
+        does nothing, as the take ops then do not run either."""
         if self._step is None:
             with self.graph.as_default():
                 plan = self.plan_op()  # built by the first compress() of a passable key, or here
@@ -508,65 +507,37 @@ class StepBatch:
     def take(self, key, step, reduced):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
-        step's reduction), or, for a gradient that Horovod summed on a skipped step, the fill
-        in every element. ``step``: the batch op's output, the input that orders the two;
-        ``reduced``: the reduced placeholder, or Horovod's sum. (Horovod's sum of a step that
-        was not skipped: ``summed``.)"""
+        step's reduction); for a gradient that Horovod summed, ``reduced`` as it is, or, on a
+        skipped step, the fill in every element. ``step``: the batch op's output, the input
+        that orders the two; ``reduced``: the reduced placeholder, or Horovod's sum.
+
+        It ends the decision's exchange window unless another result follows
+        (``BatchedCompressor.handed_over``), so it runs for every gradient, Horovod's sums
+        included: ``tf.numpy_function`` hands its inputs over as views of their buffers and takes
+        the array returned back without a copy, so a sum goes through it without one (on host
+        memory). An op that only marked the window beside a sum in graph ops would not run:
+        TensorFlow's graph optimiser removes a stateless op whose output is only a control input
+        or a shape it can infer (until session 57, the window of a step that passed every
+        gradient ended at the step op, before Horovod's allreduces had finished)."""
         flat = self.results.pop(key)
-        self._handed_over()
+        self.compressor.handed_over(self.process_set)
         if isinstance(flat, HorovodSum):
+            if flat.fill is None:
+                return reduced.reshape(-1)
             return np.full(self.tensors[key].shape.num_elements(), flat.fill, np.float32)
         factor = self.compressor.op_factor(np_adapter.reduced(reduced), key, self.ranks)
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
-    def _handed_over(self, *_):
-        """A result of the step is handed over: the decision's exchange window ends here unless
-        another follows (``BatchedCompressor.handed_over``)."""
-        self.compressor.handed_over(self.process_set)
-        return np.int64(0)
-
-    def summed(self, output):
-        """The result of a gradient where Horovod summed it itself and the step was not
-        skipped (``summed_here``): ``output``, its sum, in graph ops (no copy of it through
-        Python), after a scalar op that ends the decision's window once the sum is there."""
-        flat = tf.reshape(output, [-1])
-        marked = tf.numpy_function(self._handed_over, [flat[:1]], tf.int64, stateful=False,
-                                   name=f"hvdcomp_{self.compressor.method}_summed")
-        with tf.control_dependencies([marked]):
-            return tf.identity(flat)
-
-    def summed_here(self, index, step):
-        """Whether the result of gradient ``index`` is Horovod's sum as it is (``summed``): the
-        plan handed it to Horovod and the step op's output ``step`` holds no fill for it (+inf;
-        a skipped step's fill is ``take``'s). Computed for the batch once, beside the step op."""
-        if self._summed is None:
-            with self.graph.as_default():
-                self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(step))
-        return self._summed[index]
-
-
-def switch(pred, tensor):
-    """``(tensor where pred is False, tensor where pred is True)``: TensorFlow's dataflow
-    ``Switch`` on the scalar bool tensor ``pred``. The side not taken is *dead*: an op fed by it
-    does not run, and neither do the ops after it, up to a ``merge``. So ops on either side run
-    only on the steps that take it, as in the branches of a ``tf.cond``, without tracing branch
-    functions (a ``tf.cond`` traces two, which made up most of hvdcomp's part of a training
-    function's trace) and without a copy of ``tensor``, on any device."""
-    taken_if_false, taken_if_true = tf.raw_ops.Switch(data=tensor, pred=pred)
-    return taken_if_false, taken_if_true
-
-
-def merge(*sides):
-    """The one live tensor of ``sides`` (the ends of the two sides of a ``switch``, one dtype,
-    any shapes): TensorFlow's dataflow ``Merge``."""
-    return tf.raw_ops.Merge(inputs=list(sides))[0]
-
 
 def select(pred, when_true, when_false):
     """``when_true`` on the steps where the scalar bool tensor ``pred`` holds, else
-    ``when_false`` (one dtype, any shapes), by ``switch`` and ``merge``: the tensor not chosen
-    is neither copied nor read."""
-    return merge(switch(pred, when_false)[0], switch(pred, when_true)[1])
+    ``when_false`` (one dtype, any shapes), by TensorFlow's dataflow ``Switch`` and ``Merge``
+    ops: the side not taken is *dead* (nothing reads or copies it) and the merge passes on the
+    live one, on any device. A ``tf.cond`` would do the same, but traces two branch functions,
+    which made up most of hvdcomp's part of a training function's trace."""
+    unless_pred = tf.raw_ops.Switch(data=when_false, pred=pred)[0]
+    if_pred = tf.raw_ops.Switch(data=when_true, pred=pred)[1]
+    return tf.raw_ops.Merge(inputs=[unless_pred, if_pred])[0]
 
 
 # compressor -> the StepBatch being traced (the last allreduce_grads call seen).
@@ -618,14 +589,7 @@ class Deferred:
         else:
             batch, step = self.batch, self.batch.step_op()
 
-            def take(reduced):
-                return tf.numpy_function(functools.partial(batch.take, key), [step, reduced],
-                                         work.dtype, stateful=False,
-                                         name=f"hvdcomp_{comp.method}_take")
-            if self.index is None:
-                out = take(output)
-            else:  # Horovod's sum as it is, or take's result (``select``: take runs only then)
-                taken, summed = switch(batch.summed_here(self.index, step), output)
-                out = merge(take(taken), batch.summed(summed))
+            out = tf.numpy_function(functools.partial(batch.take, key), [step, output],
+                                    work.dtype, stateful=False, name=f"hvdcomp_{comp.method}_take")
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
