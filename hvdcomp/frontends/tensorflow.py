@@ -360,7 +360,8 @@ class StepBatch:
     several times as much). So a passed gradient is summed by Horovod as soon as the backward pass has
     computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
-    ``decompress``'s ``take`` returns Horovod's sum (a skipped step: the fill)."""
+    ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the one summed last
+    through ``take`` (``hands_over``), the others in graph ops (``switch``)."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -385,8 +386,9 @@ class StepBatch:
         self.keys = list(self.tensors)
         self.joined = set()  # the keys whose compress() has been traced
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
+        self.summed_last = None  # the index whose take ends the window (``hands_over``)
         self.results = {}
-        self._step = self._plan = None
+        self._step = self._plan = self._summed = None
 
     def passable(self, key, horovod_op):
         """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
@@ -399,7 +401,19 @@ class StepBatch:
             return None
         index = self.keys.index(key)
         self.sums[index] = True
+        if self.summed_last is None:
+            self.summed_last = index
         return index
+
+    def hands_over(self, index):
+        """Whether the result of passable gradient ``index`` goes through its ``take`` op on
+        every step, Horovod's sum included, ending the decision's exchange window there: the
+        first passable gradient of the call, which the backward pass computes last (Horovod's
+        allreduce then starts it last: its sum is the step's last). The others' sums are
+        handed back in graph ops (``Deferred.build``), where a Python op per gradient would
+        cost ~0.1 ms per gradient and step (a step of the 6-tensor MLP of recipe (d), 3.3 ms,
+        took 5.0 with one)."""
+        return index == self.summed_last
 
     def plan_op(self):
         """The step's plan (a bool per key: Horovod sums that gradient), built at the first
@@ -504,6 +518,15 @@ class StepBatch:
         return [fills] + [moment for i, _, v in self.moments for moment in (
             (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
+    def summed_here(self, index, step):
+        """Whether the result of gradient ``index`` is Horovod's sum as it is: the plan handed
+        it to Horovod and the step op's output ``step`` holds no fill for it (+inf; a skipped
+        step's fill is ``take``'s). Computed for the batch once, beside the step op."""
+        if self._summed is None:
+            with self.graph.as_default():
+                self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(step))
+        return self._summed[index]
+
     def take(self, key, step, reduced):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
@@ -512,13 +535,14 @@ class StepBatch:
         that orders the two; ``reduced``: the reduced placeholder, or Horovod's sum.
 
         It ends the decision's exchange window unless another result follows
-        (``BatchedCompressor.handed_over``), so it runs for every gradient, Horovod's sums
-        included: ``tf.numpy_function`` hands its inputs over as views of their buffers and takes
-        the array returned back without a copy, so a sum goes through it without one (on host
-        memory). An op that only marked the window beside a sum in graph ops would not run:
-        TensorFlow's graph optimiser removes a stateless op whose output is only a control input
-        or a shape it can infer (until session 57, the window of a step that passed every
-        gradient ended at the step op, before Horovod's allreduces had finished)."""
+        (``BatchedCompressor.handed_over``), so it runs for every compressed result and for the
+        sum of the gradient Horovod sums last (``hands_over``): ``tf.numpy_function`` hands its
+        inputs over as views of their buffers and takes the array returned back without a copy,
+        so a sum goes through it without one (on host memory). An op that only marked the window
+        beside a sum in graph ops would not run: TensorFlow's graph optimiser removes a
+        stateless op whose output is only a control input or a shape it can infer (until
+        session 57, the window of a step that passed every gradient ended at the step op,
+        before Horovod's allreduces had finished)."""
         flat = self.results.pop(key)
         self.compressor.handed_over(self.process_set)
         if isinstance(flat, HorovodSum):
@@ -529,15 +553,27 @@ class StepBatch:
         return flat * flat.dtype.type(factor) if factor != 1 else flat
 
 
+def switch(pred, tensor):
+    """``(tensor where pred is False, tensor where pred is True)``: TensorFlow's dataflow
+    ``Switch`` on the scalar bool tensor ``pred``. The side not taken is *dead*: the ops fed by
+    it do not run, up to a ``merge``, which passes on the live one. So ops on either side run
+    only on the steps that take it, as in the branches of a ``tf.cond``, without a copy, on any
+    device, and without branch functions to trace (a ``tf.cond`` traces two, which made up most
+    of hvdcomp's part of a training function's trace)."""
+    taken_if_false, taken_if_true = tf.raw_ops.Switch(data=tensor, pred=pred)
+    return taken_if_false, taken_if_true
+
+
+def merge(*sides):
+    """The one live tensor of ``sides`` (the ends of a ``switch``'s two sides, one dtype, any
+    shapes): TensorFlow's dataflow ``Merge``."""
+    return tf.raw_ops.Merge(inputs=list(sides))[0]
+
+
 def select(pred, when_true, when_false):
     """``when_true`` on the steps where the scalar bool tensor ``pred`` holds, else
-    ``when_false`` (one dtype, any shapes), by TensorFlow's dataflow ``Switch`` and ``Merge``
-    ops: the side not taken is *dead* (nothing reads or copies it) and the merge passes on the
-    live one, on any device. A ``tf.cond`` would do the same, but traces two branch functions,
-    which made up most of hvdcomp's part of a training function's trace."""
-    unless_pred = tf.raw_ops.Switch(data=when_false, pred=pred)[0]
-    if_pred = tf.raw_ops.Switch(data=when_true, pred=pred)[1]
-    return tf.raw_ops.Merge(inputs=[unless_pred, if_pred])[0]
+    ``when_false`` (``switch``, ``merge``: the one not chosen is neither read nor copied)."""
+    return merge(switch(pred, when_false)[0], switch(pred, when_true)[1])
 
 
 # compressor -> the StepBatch being traced (the last allreduce_grads call seen).
@@ -589,7 +625,14 @@ class Deferred:
         else:
             batch, step = self.batch, self.batch.step_op()
 
-            out = tf.numpy_function(functools.partial(batch.take, key), [step, output],
-                                    work.dtype, stateful=False, name=f"hvdcomp_{comp.method}_take")
+            def take(reduced):
+                return tf.numpy_function(functools.partial(batch.take, key), [step, reduced],
+                                         work.dtype, stateful=False,
+                                         name=f"hvdcomp_{comp.method}_take")
+            if self.index is None or batch.hands_over(self.index):
+                out = take(output)
+            else:  # Horovod's sum as it is, in graph ops, or take's result (``switch``)
+                taken, summed = switch(batch.summed_here(self.index, step), output)
+                out = merge(take(taken), tf.reshape(summed, [-1]))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
