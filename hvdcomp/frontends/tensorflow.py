@@ -357,8 +357,8 @@ class StepBatch:
     gradient of a static shape whose call averages or sums in its collective). Its ``compress``
     output (``Deferred.sent``) is then the gradient, flat, or the placeholder, as the plan says
     (``select``: dataflow ops, not a ``tf.cond``, whose branch functions would cost its trace
-    several times as much). So a passed gradient is summed by Horovod as soon as the backward pass has
-    computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
+    several times as much). So a passed gradient is summed by Horovod as soon as the backward
+    pass has computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
     ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the one summed last
     through ``take`` (``hands_over``), the others in graph ops (``switch``)."""
