@@ -6,8 +6,8 @@ MLP trains 70 steps through ``hvd.DistributedGradientTape`` in a ``tf.function``
 6 steps under each of the two ``pass`` settings with a NaN in the last rank's gradients at
 step 3. Reports per run the bytes hvdcomp itself sent at each step
 (``last_stats.bytes_sent``), Horovod's bytes per step, how many results each step handed over
-(``BatchedCompressor.handed_over``: where the decision's exchange window ends), how many steps left the ranks identical,
-the final variables' digest; for the NaN runs, the gradients returned at that step: whether
+(``BatchedCompressor.handed_over``: where the decision's exchange window ends), how many steps
+left the ranks identical, the final variables' digest; for the NaN runs, the gradients returned at that step: whether
 each is all NaN, whether each is all zeros, and whether they are identical across ranks."""
 import hashlib
 import os
