@@ -518,13 +518,13 @@ class StepBatch:
         return [fills] + [moment for i, _, v in self.moments for moment in (
             (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
-    def summed_here(self, index, step):
+    def summed_here(self, index):
         """Whether the result of gradient ``index`` is Horovod's sum as it is: the plan handed
-        it to Horovod and the step op's output ``step`` holds no fill for it (+inf; a skipped
-        step's fill is ``take``'s). Computed for the batch once, beside the step op."""
+        it to Horovod and the step op's output holds no fill for it (+inf; a skipped step's
+        fill is ``take``'s). Computed for the batch once, beside the step op."""
         if self._summed is None:
             with self.graph.as_default():
-                self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(step))
+                self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(self.step_op()))
         return self._summed[index]
 
     def take(self, key, step, reduced):
@@ -632,7 +632,7 @@ class Deferred:
             if self.index is None or batch.hands_over(self.index):
                 out = take(output)
             else:  # Horovod's sum as it is, in graph ops, or take's result (``switch``)
-                taken, summed = switch(batch.summed_here(self.index, step), output)
+                taken, summed = switch(batch.summed_here(self.index), output)
                 out = merge(take(taken), tf.reshape(summed, [-1]))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
