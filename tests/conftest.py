@@ -47,6 +47,23 @@ def train_digits(name, ranks=4, env=None, epochs=EPOCHS, launched_with=()):
     return res
 
 
+@shared
+def decision_launch(cases, env_items):
+    """One launch of tests/mpi/decision.py on 4 ranks (environment ``env_items``) for every
+    ``(compression, lr, mode)`` of ``cases``."""
+    return run(4, "decision.py", *(a for case in cases for a in case), env=dict(env_items),
+               timeout=90 + 45 * len(cases))
+
+
+def decision_results(name, lr, mode, launched_with, env):
+    """The per-rank results of case ``(name, lr, mode)`` of tests/mpi/decision.py, from the one
+    launch (environment ``env``) of the cases ``launched_with`` (this one among them) that the
+    tests asking for any of them share."""
+    assert (name, lr, mode) in launched_with, ((name, lr, mode), launched_with)
+    return results(decision_launch(tuple(launched_with), tuple(sorted(env.items()))),
+                   case=f"{name}-{mode}")
+
+
 @pytest.fixture(scope="session")
 def uncompressed():
     """The 4-rank uncompressed SGD-momentum run every method is compared with (run once)."""

@@ -5,11 +5,12 @@ import math
 
 import pytest
 
-from conftest import results, run
+from conftest import decision_results, results, run
 from hvdcomp import decision
 from hvdcomp.decision import HALF, NEVER, Decision
 
 MEASURE = {"HVDCOMP_DECISION": "measure"}
+COMPRESS = {"HVDCOMP_DECISION": "compress"}
 
 
 def feed(d, periods, numels=(16384, 2560, 10)):
@@ -290,11 +291,20 @@ def test_fixed_modes_and_the_state_round_trip():
 
 
 METHODS = [("marsit", 0.05), ("topk", 0.05), ("efsignsgd", 0.02)]
+RESUMED = [("marsit", 0.05), ("topk", 0.05), ("binsgdm", 0.1)]
+# The cases of tests/mpi/decision.py here, in two launches (``conftest.decision_results``):
+# those that measure, and those that compress (or set the decision by hand), 'unlike' last (it
+# leaves a step raised on every rank).
+MEASURED = ([(name, lr, "carry") for name, lr in METHODS] + [("marsit", 0.05, "half")]
+            + [(name, lr, "resume") for name, lr in RESUMED])
+COMPRESSED = [("marsit", 0.003, "adam-carry"), ("topk", 0.003, "adam-carry"),
+              ("sgd", 0.1, "aside"), ("adamw", 0.003, "aside"), ("marsit", 0.003, "unlike")]
 
 
+@pytest.mark.timeout(600)  # the first pays the launch of every case of MEASURED
 @pytest.mark.parametrize("name,lr", METHODS)
 def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(name, lr):
-    res = results(run(4, "decision.py", name, lr, "carry", env=MEASURE, timeout=240))
+    res = decision_results(name, lr, "carry", MEASURED, MEASURE)
     assert sorted(res) == list(range(4))
     ours = res[0]
     assert ours["identical"] == ours["steps"]  # bit-identical parameters after every step
@@ -315,7 +325,7 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
     exact mean again, and in the float16 one after a compressed step the tensors that carry
     memory go through hvdcomp's exact sum (fewer bytes left to Horovod). Ranks bit-identical.
     Not offered under ``on_nonfinite='raise'`` (a float16 sum may overflow)."""
-    res = results(run(4, "decision.py", "marsit", 0.05, "half", env=MEASURE, timeout=240))
+    res = decision_results("marsit", 0.05, "half", MEASURED, MEASURE)
     assert sorted(res) == list(range(4))
     ours = res[0]
     assert "fp16" in ours["candidates"], ours["candidates"]
@@ -337,6 +347,7 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
     assert steps[6]["horovod_bytes"] < fp32_bytes, steps[6]  # the carried ones by hvdcomp
 
 
+@pytest.mark.timeout(600)  # the first pays the launch of every case of COMPRESSED
 def test_ranks_whose_uncompressed_sums_would_differ_in_size_all_raise_instead_of_hanging():
     """A per-rank state that should be alike and is not (here: rank 0 made to carry its memory
     into the gradient while the others send ``[g, e]``, as PowerSGD's node stages did before
@@ -344,8 +355,7 @@ def test_ranks_whose_uncompressed_sums_would_differ_in_size_all_raise_instead_of
     all-gather and every rank raises ``RankMismatchError`` naming them, nothing applied (the
     step number unchanged, parameters still bit-identical), where before some ranks failed in
     MPI and the others waited for ever."""
-    res = results(run(4, "decision.py", "marsit", 0.003, "unlike",
-                      env={"HVDCOMP_DECISION": "compress"}, timeout=240))
+    res = decision_results("marsit", 0.003, "unlike", COMPRESSED, COMPRESS)
     assert sorted(res) == list(range(4))
     for r in res.values():
         assert r["raised"] and r["raised"].startswith("RankMismatchError"), r
@@ -361,8 +371,7 @@ def test_under_adamw_a_passed_tensor_carries_its_memory_into_the_momentum_not_th
     Adam's moments after that step are ``b1 m + (1 - b1) mean(g) + mean(e)`` and ``b2 v + (1 -
     b2) mean(g)**2``, the second moment not inflated by the memory (as ``e / (1 - b1)`` in the
     gradient would)."""
-    res = results(run(4, "decision.py", name, 0.003, "adam-carry",
-                      env={"HVDCOMP_DECISION": "compress"}, timeout=240))
+    res = decision_results(name, 0.003, "adam-carry", COMPRESSED, COMPRESS)
     assert sorted(res) == list(range(4))
     for r in res.values():
         assert r["identical"]
@@ -374,9 +383,9 @@ def test_under_adamw_a_passed_tensor_carries_its_memory_into_the_momentum_not_th
             assert t["v_error"] <= 1e-5 * t["v_scale"] + 1e-12, (n, t)
 
 
-@pytest.mark.parametrize("name,lr", [("marsit", 0.05), ("topk", 0.05), ("binsgdm", 0.1)])
+@pytest.mark.parametrize("name,lr", RESUMED)
 def test_a_resume_after_the_decision_switched_is_bit_identical(name, lr):
-    res = results(run(4, "decision.py", name, lr, "resume", env=MEASURE, timeout=240))
+    res = decision_results(name, lr, "resume", MEASURED, MEASURE)
     ours = res[0]
     assert ours["saved_at"] is not None and ours["mode"] == "measure"
     assert ours["second"]["thresholds"][0] == ours["first"]["thresholds"][0]  # restored
@@ -468,7 +477,7 @@ def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_s
     through voted steps and back; a NaN on one rank leaves them unchanged on every rank; a
     parameter that gets no gradient (Horovod's zero fill) gets a zero step and no state; the
     parameters stay bit-identical."""
-    res = results(run(4, "decision.py", optimizer, lr, "aside", timeout=240))
+    res = decision_results(optimizer, lr, "aside", COMPRESSED, COMPRESS)
     assert sorted(res) == list(range(4))
     for r in res.values():
         for row in r["steps"]:

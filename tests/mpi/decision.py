@@ -2,9 +2,10 @@
 hvd.DistributedOptimizer(SGD) on the digits MLP (hidden 256: tensors of 16384, 2560, 256 and 10
 elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by the test).
 
-Args: compression lr, then 'carry', 'resume', 'resume-pass', 'adam-carry', 'aside' (with
-'sgd' or 'adamw' for the compression: BinSGDM's own, see ``aside``), 'half' or 'unlike' (see
-``adam_carry``).
+Args: one or more cases of three each, ``compression lr mode``, run one after the other in this
+launch (each reports with ``case='<compression>-<mode>'``); mode: 'carry', 'resume',
+'resume-pass', 'adam-carry', 'aside' (with 'sgd' or 'adamw' for the compression: BinSGDM's own,
+see ``aside``), 'half' or 'unlike' (see ``adam_carry``).
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -45,11 +46,10 @@ from mpi4py import MPI
 
 from hvdcomp.comm.hierarchy import shard_bounds
 
-from report import report
+from report import cases, report
 from torch_common import (batch, build, compression_for, compressor_object, digest,
                           identical_across_ranks, load_digits_split, make_model)
 
-name, lr, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 # The probe settles 2 steps per switch (hvdcomp.decision) and observes every other step while
 # it probes (quiet steps): with retakes it can take 50-60 steps of this model.
 STEPS, MIN_SAVE, MAX_SAVE, AFTER = 100, 14, 100, 4
@@ -101,7 +101,7 @@ def memory_of(comp, names):
     return out
 
 
-def carry():
+def carry(name, lr):
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
     comp = compressor_object(comp_arg)
@@ -140,14 +140,14 @@ def carry():
                              "scale": float(abs(owed).max()), "fp16_rounding": rounding})
                 i = j
             i += 1
-    report(rank=hvd.rank(), thresholds=[str(t) for t in thresholds], identical=identical,
+    return dict(thresholds=[str(t) for t in thresholds], identical=identical,
            steps=STEPS, runs=runs, phase=comp.decision.phase, halves=halves)
 
 
 HALF_STEPS = 4
 
 
-def half():
+def half(name, lr):
     """Step 0 as the decision starts (every tensor passed), then ``HALF_STEPS`` steps with the
     decision held on its float16 candidate, then one passing in float32, one compressing and
     one in float16 again. Per step: the largest difference between the applied step and
@@ -182,11 +182,11 @@ def half():
     strict = hvdcomp.Marsit(on_nonfinite="raise")  # every non-finite step caught: no float16
     strict_model, strict_opt = build(strict, lr, 0.0)
     step(strict_model, strict_opt, 0)
-    report(rank=hvd.rank(), candidates=[str(c) for c in candidates], steps=rows,
+    return dict(candidates=[str(c) for c in candidates], steps=rows,
            strict_candidates=[str(c) for c in strict.decision.thresholds])
 
 
-def resume():
+def resume(name, lr):
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
     comp = compressor_object(comp_arg)
@@ -204,8 +204,7 @@ def resume():
         step(model, opt, i)
         first["digests"].append(digest(model))
     if saved is None:
-        report(rank=hvd.rank(), saved_at=None)
-        return
+        return dict(saved_at=None)
     saved.seek(0)
     state = torch.load(saved, weights_only=False)
     comp_arg2 = compression_for(name)
@@ -216,14 +215,14 @@ def resume():
         second["thresholds"].append(str(comp2.decision.threshold))
         step(model2, opt2, i)
         second["digests"].append(digest(model2))
-    report(rank=hvd.rank(), saved_at=start, first=first, second=second,
+    return dict(saved_at=start, first=first, second=second,
            mode=comp2.decision.mode, switches=comp.decision.switches)
 
 
 RESUME_COMPRESSED = 5
 
 
-def resume_pass():
+def resume_pass(name, lr):
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
     comp = compressor_object(comp_arg)
@@ -247,19 +246,21 @@ def resume_pass():
         applied, owed = p.grad.double().numpy().ravel(), grads[n] + memory[n]
         out[n] = {"error": float(abs(applied - owed).max()), "scale": float(abs(owed).max()),
                   "memory": float(abs(memory[n]).max())}
-    report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model2),
+    return dict(tensors=out, identical=identical_across_ranks(model2),
            passed=comp2.last_stats.compressed_elements == 0)
 
 
 ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
 
 
-def adam_carry(unlike=False):
+def adam_carry(name, lr, unlike=False):
     """See the module docstring; ``unlike``: rank 0 alone carries its memory into the gradient
     (``FollowAdam.carry`` as the plain one, the others send ``[g, e]``): the ranks' uncompressed
-    sums differ in size, and every rank reports the error it raised."""
+    sums differ in size, and every rank reports the error it raised (the plain carry undone
+    after the step, for the launch's later cases)."""
+    from hvdcomp import preconditioning
+    follow_adams_carry = preconditioning.FollowAdam.carry
     if unlike and hvd.rank() == 0:
-        from hvdcomp import preconditioning
         preconditioning.FollowAdam.carry = lambda self, carry, store, entry: carry(store, entry)
     comp_arg = compression_for(name)
     torch.manual_seed(0)
@@ -286,8 +287,9 @@ def adam_carry(unlike=False):
             raised = None
         except Exception as exc:  # noqa: BLE001 - reported
             raised = f"{type(exc).__name__}: {exc}"
-        report(rank=hvd.rank(), raised=raised, step=comp.engine.step, digest=digest(model))
-        return
+        finally:
+            preconditioning.FollowAdam.carry = follow_adams_carry
+        return dict(raised=raised, step=comp.engine.step, digest=digest(model))
     step(model, opt, ADAM_COMPRESSED)
     out = {}
     for n, p in params.items():
@@ -300,7 +302,7 @@ def adam_carry(unlike=False):
                   "v_error": float(abs(v - want_v).max()), "v_scale": float(abs(want_v).max()),
                   "memory": float(abs(memory[n]).max()),
                   "passed": comp.last_stats.compressed_elements == 0}
-    report(rank=hvd.rank(), tensors=out, identical=identical_across_ranks(model))
+    return dict(tensors=out, identical=identical_across_ranks(model))
 
 
 ASIDE_STEPS, ASIDE_COMPRESSED, ASIDE_NAN = 12, (5, 6, 7), 3
@@ -332,7 +334,7 @@ class WithUnused(torch.nn.Module):
         return self.inner(x)
 
 
-def aside():
+def aside(name, lr):
     """BinSGDM stepping aside (hvdcomp.stepaside) under the stock DistributedOptimizer: SGD
     (lr ``lr``, no momentum) or, with name 'adamw', AdamW. Steps ``ASIDE_COMPRESSED`` are
     voted (the threshold set by hand), the others passed; at step ``ASIDE_NAN`` rank 1's loss is
@@ -402,8 +404,11 @@ def aside():
                                 for n in params for a, b in zip(ours[n], twin[n]))
         row["identical"] = identical_across_ranks(model)
         steps.append(row)
-    report(rank=hvd.rank(), steps=steps)
+    return dict(steps=steps)
 
 
-{"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
- "aside": aside, "half": half, "unlike": lambda: adam_carry(unlike=True)}[mode]()
+MODES = {"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
+         "aside": aside, "half": half,
+         "unlike": lambda name, lr: adam_carry(name, lr, unlike=True)}
+for name, lr, mode in cases(sys.argv[1:], 3):
+    report(case=f"{name}-{mode}", rank=hvd.rank(), **MODES[mode](name, float(lr)))
