@@ -139,15 +139,26 @@ def test_settings_that_return_the_step_are_refused_under_keras_optimizers_that_a
             assert r[case] == {"error": None, "identical": True}, (case, r[case])
 
 
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["binsgdm", "marsit-adam"])
+ADAM_STEP = ["binsgdm", "marsit-adam"]  # their result is the step itself
+ADAM_MOMENTUM = ["marsit", "topk-defaults", "efsignsgd"]
+
+
+@shared
+def tf_adam_launch():
+    """One launch of tests/mpi/tf_adam.py on 2 ranks for every compressor of ADAM_STEP and
+    ADAM_MOMENTUM."""
+    return run(2, "tf_adam.py", *ADAM_STEP, *ADAM_MOMENTUM, timeout=300)
+
+
+@pytest.mark.timeout(400)  # the first pays the launch of every compressor
+@pytest.mark.parametrize("name", ADAM_STEP)
 def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_keras_adam(name):
     """BinSGDM and precondition='adam' under the user's Keras Adam in model.fit (issue 30;
     before: refused): hvdcomp sets Keras's moments in the traced step so that Keras's update is
     its learning rate times the compressor's step (``preconditioning.ThroughAdam``): the first
     moment after the step is that step, and the kernel moved by lr times it, to float rounding.
     Ranks bit-identical; it trains."""
-    res = results(run(2, "tf_adam.py", name, timeout=150))
+    res = results(tf_adam_launch(), case=name)
     assert sorted(res) == [0, 1]
     for r in res.values():
         log = r["log"]
@@ -156,15 +167,15 @@ def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_keras_ada
         assert sum(s["loss"] for s in log[-5:]) < sum(s["loss"] for s in log[:5]) - 0.2
 
 
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["marsit", "topk-defaults", "efsignsgd"])
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", ADAM_MOMENTUM)
 def test_the_users_keras_adam_is_kept_and_driven_by_the_synchronised_momentum(name):
     """Keras model.fit with the user's Adam, unchanged (issue 30): after Adam's 10 dense warm-up
     steps each rank sends its momentum, and Keras's Adam keeps the synchronised one as its first
     moment, so its second moment is updated from that momentum (before: from the compressed
     gradient; Keras Adam recipe: Marsit -2.2 pp, TopK -3.3 pp). Ranks stay bit-identical; TopK
     sends the momentum at its momentum_ratio (10%)."""
-    res = results(run(2, "tf_adam.py", name, timeout=150))
+    res = results(tf_adam_launch(), case=name)
     assert sorted(res) == [0, 1]
     for r in res.values():
         log = r["log"]

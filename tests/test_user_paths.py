@@ -134,10 +134,21 @@ def test_settings_that_cannot_work_with_the_optimizer_are_refused_on_every_rank(
                                       "different loss scales (rank 0: 2, rank 1: 4)"), msg
 
 
+# the compressions run under the user's AdamW (one launch: the ``adamw`` fixture)
+ADAMW_MOMENTUM = ["marsit", "topk", "topk-defaults", "efsignsgd", "sketchfusion"]
+ADAMW_STEP = ["binsgdm", "marsit-adam"]  # their result is the step itself
+
+
+@pytest.fixture(scope="module")
+def adamw():
+    """{rank: {compression: its AdamW run}} of every compression of ADAMW_MOMENTUM and
+    ADAMW_STEP."""
+    return case("adamw", *ADAMW_MOMENTUM, *ADAMW_STEP, timeout=280)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["marsit", "topk", "topk-defaults", "efsignsgd",
-                                  "sketchfusion"])
-def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
+@pytest.mark.parametrize("name", ADAMW_MOMENTUM)
+def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(adamw, name):
     """The user's torch.optim.AdamW, unchanged, with the class's defaults (issue 30): for Adam's
     first 10 steps the gradient goes uncompressed; then each rank sends its momentum, and the
     gradient AdamW receives is the compressed mean momentum, which AdamW's own update keeps as
@@ -147,7 +158,7 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(name):
     (the variant 'topk': 0.01) holds for both. SketchFusion sends 20% of it through a one-row
     sketch of k columns (2 k halves: its default float16 wire); EF-signSGD averages the signs at
     the ranks' mean scale (no vote: with 2 ranks each element is 0 or +-that scale)."""
-    ranks = case("adamw", name)
+    ranks = {rank: r[name] for rank, r in adamw.items()}
     check_adamw_run(ranks)
     sent = [s["bytes_sent"] / s["compressed"] for r in ranks.values() for s in r["log"][10:]]
     if name.startswith("topk"):  # bytes per element compressed: 8 (a value, an index) x density
@@ -167,7 +178,9 @@ def test_efsignsgd_under_adamw_averages_the_signs_at_one_scale_over_six_ranks():
     of the signs at the ranks' mean scale has at most 4 magnitudes (0, 1/3, 2/3 and 1 of it;
     each rank's own scale would give up to 2^6), ranks stay bit-identical, it trains, and a
     resume is bit-identical."""
-    ranks = results(run(6, "user_paths.py", "adamw", "efsignsgd", timeout=240))
+    ranks = {rank: r["efsignsgd"]
+             for rank, r in results(run(6, "user_paths.py", "adamw", "efsignsgd",
+                                        timeout=240)).items()}
     assert sorted(ranks) == list(range(6))
     check_adamw_run(ranks)
     assert all(1 < s["magnitudes"] <= 4 for r in ranks.values() for s in r["log"][10:])
@@ -186,8 +199,9 @@ def check_adamw_run(ranks):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["binsgdm", "marsit-adam"])
-def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_adamw_at_its_rate(name):
+@pytest.mark.parametrize("name", ADAMW_STEP)
+def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_adamw_at_its_rate(
+        adamw, name):
     """BinSGDM and precondition='adam' return the step itself (each is an Adam-like optimizer):
     under the user's AdamW, unchanged, hvdcomp sets AdamW's moments as the step lands so that
     AdamW's own update is its learning rate times that step, plus its decoupled weight decay
@@ -195,8 +209,8 @@ def test_a_compressor_whose_result_is_the_step_is_applied_by_the_users_adamw_at_
     exists) the update matches to float rounding; every step is compressed from the first
     (BinSGDM) or after precondition='adam''s own dense warm-up; ranks bit-identical, resume
     bit-identical, and it trains."""
-    ranks = case("adamw", name)
-    for r in ranks.values():
+    for r in adamw.values():
+        r = r[name]
         log = r["log"]
         assert all(step["identical"] for step in log)
         warm = 0 if name == "binsgdm" else 10

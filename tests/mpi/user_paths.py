@@ -14,9 +14,9 @@ case per run (``argv[1]``; ``argv[2:]``: the compressions, test names of tests/v
 - absent: parameters without gradients: layer '0' frozen (requires_grad_(False)) after 6
   steps, then unfrozen; a head ('head_b') that every rank uses only every 3rd step. Under plain
   SGD neither moves while it has no gradient; the frozen layer's error memory waits.
-- adamw: the user's AdamW kept (issue 30): the compressor drives its momentum (or, where its
-  result is the step itself: BinSGDM, precondition='adam', AdamW applies that step at its
-  rate); resume.
+- adamw: the user's AdamW kept (issue 30), per compression: the compressor drives its momentum
+  (or, where its result is the step itself: BinSGDM, precondition='adam', AdamW applies that
+  step at its rate); resume.
 - misuse: settings that cannot work with the optimizer (precondition='adam' and BinSGDM under
   SGD with momentum, or under an Adam with amsgrad) raise UnsupportedOptimizerError on every
   rank at the first step; plain SGD and Adam/AdamW train.
@@ -254,13 +254,18 @@ def case_misuse():
 
 # -- the user's AdamW kept ------------------------------------------------------------------------
 def case_adamw():
-    """The user's torch.optim.AdamW, unchanged, with ``argv[2]``: after Adam's 10 dense warm-up
-    steps the compressor sends each rank's momentum, and the gradient AdamW receives is the
-    synchronised momentum, which AdamW's own update keeps as its exp_avg (where the result is
-    the step itself, BinSGDM or precondition='adam', AdamW's update is lr times it); a
-    checkpoint at step 15 resumes bit-identically."""
-    name = NAMES[0]
+    """The user's torch.optim.AdamW, unchanged, with each compression of ``argv[2:]`` (reported
+    under its name): after Adam's 10 dense warm-up steps the compressor sends each rank's
+    momentum, and the gradient AdamW receives is the synchronised momentum, which AdamW's own
+    update keeps as its exp_avg (where the result is the step itself, BinSGDM or
+    precondition='adam', AdamW's update is lr times it); a checkpoint at step 15 resumes
+    bit-identically."""
+    for name in NAMES:
+        out[name] = adamw_run(name)
 
+
+def adamw_run(name):
+    """``case_adamw``'s run of compression ``name``: the fields it reports."""
     def build():
         compression = compression_for(name)
         torch.manual_seed(0)
@@ -299,13 +304,13 @@ def case_adamw():
     saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
              "opt": __import__("copy").deepcopy(opt.state_dict()), "comp": comp.state_dict()}
     steps(model, opt, comp, 15, 30, log)
-    out["log"], out["final"] = log, flat(model).tolist()[:50]
     model2, opt2, comp2 = build()
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
     comp2.load_state_dict(saved["comp"])
     steps(model2, opt2, comp2, 15, 30)
-    out["resumed_equal"] = bool(torch.equal(flat(model), flat(model2)))
+    return {"log": log, "final": flat(model).tolist()[:50],
+            "resumed_equal": bool(torch.equal(flat(model), flat(model2)))}
 
 
 {"join": case_join, "scale": case_scale, "absent": case_absent, "misuse": case_misuse,
