@@ -269,6 +269,29 @@ def drivable_adam(optimizer):
     return keras_adam(optimizer) is not None and optimizer.beta_2 > 0
 
 
+def build_untraced(optimizer, variables):
+    """``optimizer.build(variables)`` (a Keras optimizer's slots, as its ``apply_gradients``
+    builds them) in the eager context, its variables made as eager variables that the
+    ``tf.function`` being traced does not see. A ``tf.function`` that creates variables in its
+    first trace traces itself a second time (TensorFlow's rule for variables made on the first
+    call), and the step op is built in the trace of Horovod's allreduce function (a
+    ``tf.function`` inside Keras's train function): built there, the slots cost that function a
+    second trace, ~1.5 s more of recipe (d)'s first batch on 2 hosts x 2 ranks (where Keras
+    builds them, after the allreduce function, only its own train function retraces, as it
+    does anyway). Under a ``tf.distribute`` strategy, whose variable creators place the
+    variables, the build goes through them as Keras's would."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    def eager_variable(next_creator, **kwargs):  # the bottom of the creator chain
+        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+    with tf.init_scope():
+        if getattr(optimizer, "_built", False) or tf.distribute.has_strategy():
+            optimizer.build(variables)
+            return
+        with tf.variable_creator_scope(eager_variable):
+            optimizer.build(variables)
+
+
 class KerasAdamMoments:
     """One variable's Keras Adam moments as ``FollowAdam`` and ``ThroughAdam`` read and drive
     them, for one step: its first and second moments ``m``, ``v`` (None where only the first is
@@ -480,8 +503,7 @@ class StepBatch:
         moments it returns are assigned after it, so that Keras's update (traced later in the
         same function: tf.function orders the ops on one variable as written) reads them."""
         opt = self.adam
-        with tf.init_scope():  # as Keras's apply_gradients does, with the same variables
-            opt.build(list(self.call.vars))
+        build_untraced(opt, list(self.call.vars))
         by_key = dict(zip(gradient_names(self.call.vars), self.call.vars))
         for i, key in enumerate(self.keys):
             slot = opt._index_dict.get(opt._var_key(by_key[key]))
