@@ -141,7 +141,7 @@ def carry(name, lr):
                 i = j
             i += 1
     return dict(thresholds=[str(t) for t in thresholds], identical=identical,
-           steps=STEPS, runs=runs, phase=comp.decision.phase, halves=halves)
+                steps=STEPS, runs=runs, phase=comp.decision.phase, halves=halves)
 
 
 HALF_STEPS = 4
@@ -183,7 +183,7 @@ def half(name, lr):
     strict_model, strict_opt = build(strict, lr, 0.0)
     step(strict_model, strict_opt, 0)
     return dict(candidates=[str(c) for c in candidates], steps=rows,
-           strict_candidates=[str(c) for c in strict.decision.thresholds])
+                strict_candidates=[str(c) for c in strict.decision.thresholds])
 
 
 def resume(name, lr):
@@ -216,7 +216,7 @@ def resume(name, lr):
         step(model2, opt2, i)
         second["digests"].append(digest(model2))
     return dict(saved_at=start, first=first, second=second,
-           mode=comp2.decision.mode, switches=comp.decision.switches)
+                mode=comp2.decision.mode, switches=comp.decision.switches)
 
 
 RESUME_COMPRESSED = 5
@@ -247,7 +247,7 @@ def resume_pass(name, lr):
         out[n] = {"error": float(abs(applied - owed).max()), "scale": float(abs(owed).max()),
                   "memory": float(abs(memory[n]).max())}
     return dict(tensors=out, identical=identical_across_ranks(model2),
-           passed=comp2.last_stats.compressed_elements == 0)
+                passed=comp2.last_stats.compressed_elements == 0)
 
 
 ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
