@@ -73,10 +73,10 @@ class QuietSteps:
         self.size, self.count = 0, 0  # the batch size of quiet steps (0: none may follow)
         self.every = self.EVERY
 
-    def take(self, entries, step):
-        """Whether this step (``step`` completed before it) is quiet; counts it."""
-        quiet = (self.size == len(entries) and step % self.every != 0
-                 and all(e.by_horovod for e in entries))
+    def take(self, size, step, all_by_horovod):
+        """Whether this step (``step`` completed before it; a batch of ``size`` tensors, every
+        one summed by Horovod where ``all_by_horovod``) is quiet; counts it."""
+        quiet = self.size == size and step % self.every != 0 and all_by_horovod
         self.count += quiet
         return quiet
 
@@ -381,8 +381,12 @@ class StepEngine:
         raises ``SkipStep``. Returns the batch's ``StepStats``."""
         if self.batch == 0:
             self.kernels.load_if_due()  # a graph front end's (no entry() came first)
-        if end_step and self.batch == 0 and self.quiet.take(entries, self.step):
-            return self._pass_quietly(entries)
+        if end_step and self.batch == 0 and self.quiet.take(
+                len(entries), self.step, all(e.by_horovod for e in entries)):
+            for e in entries:
+                self.results[e.ticket] = (SUMMED, e)
+                e.source = None
+            return self._pass_quietly(horovod_bytes(entries, self.quiet.figures["ranks"]))
         ctx = self.context()
         before, t0 = ctx.stats.snapshot(), time.perf_counter()
         self.phases = {}
@@ -408,23 +412,34 @@ class StepEngine:
             self.batch += 1
         return stats
 
-    def _pass_quietly(self, entries):
-        """A quiet step (``QuietSteps``): every result is Horovod's own, nothing is staged or
-        communicated; the step ends with the figures of the agreed step that allowed it, and
-        Horovod's bytes of its own (a tensor may be summed in float16, ``Entry.half``)."""
+    def pass_planned(self, numels):
+        """A graph front end's step, at its start, whose plan hands all of its batch's
+        ``numels`` (float32 tensors) to Horovod's own allreduce: True where it is quiet
+        (``QuietSteps``; passed now, so no batch of it is processed), else False (``process``
+        runs as usual)."""
+        if self.batch != 0 or not self.quiet.take(len(numels), self.step, True):
+            return False
+        self._pass_quietly(ring_bytes(4 * sum(numels), self.quiet.figures["ranks"]))
+        return True
+
+    def next_quiet(self):
+        """Whether the next step may be quiet: if not, it observes this step's exchange window
+        (``Decision.last_window``), which must then end where its last result is handed over."""
+        return self.quiet.expects(self.step)
+
+    def _pass_quietly(self, horovod_bytes):
+        """A quiet step (``QuietSteps``): every result is Horovod's own (``SUMMED``), nothing is
+        staged or communicated; the step ends with the figures of the agreed step that allowed
+        it, and ``horovod_bytes``, what Horovod's allreduce sent (a tensor may be summed in
+        float16, ``Entry.half``)."""
         t0 = time.perf_counter()
         self.decision.begin()  # where no compress() came first
         self.atypical = False
-        results = self.results
-        for e in entries:
-            results[e.ticket] = (SUMMED, e)
-            e.source = None
         self.decision.step_done()
         self.step += 1
         self.last_stats = stats = StepStats(
             steps=1, step=self.step, seconds=time.perf_counter() - t0,
-            horovod_bytes=horovod_bytes(entries, self.quiet.figures["ranks"]),
-            **self.quiet.figures)
+            horovod_bytes=horovod_bytes, **self.quiet.figures)
         self.total_stats.add(stats)
         return stats
 

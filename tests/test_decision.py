@@ -435,8 +435,10 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
     gradient, the step's plan hands it to Horovod's allreduce itself (summed as the backward
     pass goes, as under Compression.none), not to hvdcomp's sum after it: Horovod's bytes are
     every gradient's, hvdcomp agrees at steps 0, 16, 32, 64 only, the sum Horovod makes last
-    is handed over by an op of hvdcomp's, ending the decision's window, and the training is
-    bit-identical to Horovod's Compression.none; with on_nonfinite='skip' hvdcomp still checks
+    is handed over by an op of hvdcomp's, ending the decision's window, on the steps whose
+    window the decision reads (an agreed step's and the one before it), the quiet steps run no
+    step op of hvdcomp's, and the training is bit-identical to Horovod's Compression.none;
+    with on_nonfinite='skip' hvdcomp still checks
     every step and a NaN step returns zeros where Horovod summed NaN; under
     decision='compress' Horovod sums only the tensors under min_compress_numel."""
     res = results(run(2, "tf_pass.py", timeout=180))
@@ -453,11 +455,19 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
         # the sum of the gradient Horovod sums last (the first layer's kernel, also the one
         # tensor compressed under 'compress') is handed over by its take op, which runs, so the
         # decision's window of a passed step ends after Horovod's sums (before session 57 the
-        # op that marked a sum was removed by TensorFlow's graph optimiser: 0 per passed step)
-        for name in ("pass", "pass-skip", "compress"):
-            assert r[name]["handed"] == [1] * 70, (name, r[name]["handed"])
+        # op that marked a sum was removed by TensorFlow's graph optimiser: 0 per passed step);
+        # under 'pass' on the steps whose window is read only: the agreed steps and the quiet
+        # step before each (session 59: before, on every step)
         agreed = [step for step, sent in enumerate(r["pass"]["sent"]) if sent > 0]
         assert agreed == [0, 16, 32, 64], r["pass"]["sent"]
+        read = [int(step in agreed or step + 1 in agreed) for step in range(70)]
+        assert r["pass"]["handed"] == read, r["pass"]["handed"]
+        for name in ("pass-skip", "compress"):
+            assert r[name]["handed"] == [1] * 70, (name, r[name]["handed"])
+        # the step op reduces a batch on the agreed steps only (session 59: before, every step)
+        assert r["pass"]["reduced"] == [int(step in agreed) for step in range(70)]
+        for name in ("pass-skip", "compress"):
+            assert r[name]["reduced"] == [1] * 70, (name, r[name]["reduced"])
         assert all(sent > 0 for sent in r["pass-skip"]["sent"] + r["compress"]["sent"])
         nan, zero, same = r["nan"]["at_poison"]
         assert all(nan) and not any(zero) and same, r["nan"]["at_poison"]  # Horovod's NaN

@@ -274,6 +274,17 @@ class BatchedCompressor:
             rt.decision.begin()
             return [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
 
+    def pass_planned(self, numels, process_set=None):
+        """A graph front end's step whose plan (``horovod_plan``) hands its whole batch, float32
+        tensors of ``numels`` elements, to Horovod's allreduce: ``(quiet, observed)``, whether
+        the step is quiet (``hvdcomp.engine.QuietSteps``: passed now, so its batch is not to be
+        reduced) and whether its exchange window is read (by the next step's observation: a
+        result of it must then be handed over, ``handed_over``)."""
+        with self._lock:
+            engine = self.runtimes.for_set(process_set).engine
+            quiet = engine.pass_planned(numels)
+            return quiet, not quiet or not engine.next_quiet()
+
     def handed_over(self, process_set=None):
         """A graph front end handed a result of the step over (after Horovod's own allreduce of
         the tensors it sums): the decision's exchange window ends here unless another follows."""

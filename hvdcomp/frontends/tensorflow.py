@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdcomp import checks, preconditioning
-from hvdcomp.engine import HorovodSum
+from hvdcomp.engine import SUMMED, HorovodSum
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
 from hvdcomp.frontends import numpy as np_adapter
@@ -385,7 +385,11 @@ class StepBatch:
     pass has computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
     ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the one summed last
-    through ``take`` (``hands_over``), the others in graph ops (``switch``)."""
+    through ``take`` (``hands_over``), the others in graph ops (``switch``). On a quiet step
+    (``hvdcomp.engine.QuietSteps``: every gradient passed, no agreement due), which the plan op
+    ends at once (``quiet``), the step op does not run; the take of the last sum runs only
+    where the next step reads the window (``silent``). A quiet step then costs one Python op,
+    the plan's, at its start."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -412,7 +416,7 @@ class StepBatch:
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
         self.summed_last = None  # the index whose take ends the window (``hands_over``)
         self.results = {}
-        self._step = self._plan = self._summed = None
+        self._step = self._plan = self._flags = self._summed = None
 
     def passable(self, key, horovod_op):
         """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
@@ -431,38 +435,61 @@ class StepBatch:
 
     def hands_over(self, index):
         """Whether the result of passable gradient ``index`` goes through its ``take`` op on
-        every step, Horovod's sum included, ending the decision's exchange window there: the
-        first passable gradient of the call, which the backward pass computes last (Horovod's
-        allreduce then starts it last: its sum is the step's last). The others' sums are
-        handed back in graph ops (``Deferred.build``), where a Python op per gradient would
-        cost ~0.1 ms per gradient and step (a step of the 6-tensor MLP of recipe (d), 3.3 ms,
-        took 5.0 with one)."""
+        every step whose exchange window is read (every step but the ``silent`` ones), Horovod's
+        sum included, ending the decision's window there: the first passable gradient of the
+        call, which the backward pass computes last (Horovod's allreduce then starts it last:
+        its sum is the step's last). The others' sums are handed back in graph ops
+        (``Deferred.build``), where a Python op per gradient would cost ~0.1 ms per gradient
+        and step (a step of the 6-tensor MLP of recipe (d), 3.3 ms, took 5.0 with one)."""
         return index == self.summed_last
 
     def plan_op(self):
         """The step's plan (a bool per key: Horovod sums that gradient), built at the first
         call, in ``graph``, where the step op is; False for every key where Horovod's conds do
-        not take their allreduce branch."""
+        not take their allreduce branch. Beside it, ``flags``."""
         if self._plan is None:
             with self.graph.as_default():
                 def plan():
-                    return tf.numpy_function(self._planned, [], tf.bool, stateful=True,
+                    return tf.numpy_function(self._planned, [], [tf.bool, tf.bool],
+                                             stateful=True,
                                              name=f"hvdcomp_{self.compressor.method}_plan")
 
                 def none():
-                    return tf.zeros([len(self.keys)], tf.bool)
+                    return tf.zeros([len(self.keys)], tf.bool), tf.zeros([2], tf.bool)
                 here = _horovod_reduces(self.process_set)
-                self._plan = (tf.cond(here, plan, none) if tf.is_tensor(here)
-                              else plan() if here else none())
+                self._plan, self._flags = (tf.cond(here, plan, none) if tf.is_tensor(here)
+                                           else plan() if here else none())
                 self._plan.set_shape([len(self.keys)])
+                self._flags.set_shape([2])
         return self._plan
 
+    def quiet(self):
+        """The plan op's flag: this step is quiet (``BatchedCompressor.pass_planned``: every
+        gradient passed, the step already ended), so the step op does not run."""
+        self.plan_op()
+        return self._flags[0]
+
+    def silent(self):
+        """The plan op's flag: this step is quiet and its exchange window is not read, so no
+        result of it is handed over (``hands_over``'s sum too is returned in graph ops)."""
+        self.plan_op()
+        return self._flags[1]
+
     def _planned(self):
-        """The plan (``plan_op``); the step's exchange window starts here (``horovod_plan``)."""
+        """The plan and ``[quiet, silent]`` (``plan_op``); the step's exchange window starts
+        here (``horovod_plan``). A quiet step's results are Horovod's sums, set here for the
+        ``take`` that hands one over where its window is read."""
         keys = [k for k, s in zip(self.keys, self.sums) if s]
         numels = [self.tensors[k].shape.num_elements() for k in keys]
-        summed = dict(zip(keys, self.compressor.horovod_plan(numels, keys, self.process_set)))
-        return np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_)
+        summed = self.compressor.horovod_plan(numels, keys, self.process_set)
+        quiet = observed = False
+        if len(keys) == len(self.keys) and all(summed):
+            quiet, observed = self.compressor.pass_planned(numels, self.process_set)
+        if quiet:
+            self.results = dict.fromkeys(self.keys, SUMMED)
+        summed = dict(zip(keys, summed))
+        return (np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_),
+                np.array([quiet, quiet and not observed], dtype=np.bool_))
 
     def join(self, key, tensor):
         """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
@@ -475,13 +502,17 @@ class StepBatch:
         """The batch's reduction op (its output: per key, the value a skipped step fills a
         gradient that Horovod summed with, else +inf; an input of every ``take``, which orders
         it after the reduction), built at the first call; it runs where Horovod's conds take
-        their allreduce branch (this rank is in the process set, of 2+ ranks), and elsewhere
-        does nothing, as the take ops then do not run either."""
+        their allreduce branch (this rank is in the process set, of 2+ ranks) and the step is
+        not ``quiet``, and elsewhere does nothing (a ``tf.cond``: it holds stateful ops,
+        which a dataflow ``switch`` would leave dead, and every op ordered after them too),
+        returning +inf for every key."""
         if self._step is None:
             with self.graph.as_default():
                 plan = self.plan_op()  # built by the first compress() of a passable key, or here
 
                 def reduce():
+                    if self.adam is not None:
+                        return self._reduce_following_adam(plan)
                     values = [plan] + [_working(self.tensors[k]) for k in self.keys]
                     return tf.numpy_function(self._reduce, values, tf.float32, stateful=True,
                                              name=f"hvdcomp_{self.compressor.method}_step")
@@ -489,12 +520,12 @@ class StepBatch:
                 def skip():
                     return tf.fill([len(self.keys)], np.float32(np.inf))
                 here = _horovod_reduces(self.process_set)
-                if tf.is_tensor(here):
-                    self._step = tf.cond(here, reduce, skip)
-                elif here and self.adam is not None:
-                    self._step = self._reduce_following_adam(plan)
+                if tf.is_tensor(here) or here:
+                    runs = tf.logical_not(self.quiet())
+                    self._step = tf.cond(tf.logical_and(here, runs) if tf.is_tensor(here)
+                                         else runs, reduce, skip)
                 else:
-                    self._step = reduce() if here else skip()
+                    self._step = skip()
                 self._step.set_shape([len(self.keys)])
         return self._step
 
@@ -505,6 +536,7 @@ class StepBatch:
         same function: tf.function orders the ops on one variable as written) reads them."""
         opt = self.adam
         build_untraced(opt, list(self.call.vars))
+        self.moments = []
         by_key = dict(zip(gradient_names(self.call.vars), self.call.vars))
         for i, key in enumerate(self.keys):
             slot = opt._index_dict.get(opt._var_key(by_key[key]))
@@ -559,7 +591,8 @@ class StepBatch:
 
         It ends the decision's exchange window unless another result follows
         (``BatchedCompressor.handed_over``), so it runs for every compressed result and for the
-        sum of the gradient Horovod sums last (``hands_over``): ``tf.numpy_function`` hands its
+        sum of the gradient Horovod sums last (``hands_over``; not on a ``silent`` step, whose
+        window nothing reads): ``tf.numpy_function`` hands its
         inputs over as views of their buffers and takes the array returned back without a copy,
         so a sum goes through it without one (on host memory). An op that only marked the window
         beside a sum in graph ops would not run: TensorFlow's graph optimiser removes a
@@ -652,10 +685,11 @@ class Deferred:
                 return tf.numpy_function(functools.partial(batch.take, key), [step, reduced],
                                          work.dtype, stateful=False,
                                          name=f"hvdcomp_{comp.method}_take")
-            if self.index is None or batch.hands_over(self.index):
+            if self.index is None:
                 out = take(output)
             else:  # Horovod's sum as it is, in graph ops, or take's result (``switch``)
-                taken, summed = switch(batch.summed_here(self.index), output)
+                taken, summed = switch(batch.silent() if batch.hands_over(self.index)
+                                       else batch.summed_here(self.index), output)
                 out = merge(take(taken), tf.reshape(summed, [-1]))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)

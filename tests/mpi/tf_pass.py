@@ -6,7 +6,8 @@ MLP trains 70 steps through ``hvd.DistributedGradientTape`` in a ``tf.function``
 6 steps under each of the two ``pass`` settings with a NaN in the last rank's gradients at
 step 3. Reports per run the bytes hvdcomp itself sent at each step
 (``last_stats.bytes_sent``), Horovod's bytes per step, how many results each step handed over
-(``BatchedCompressor.handed_over``: where the decision's exchange window ends), how many steps
+(``BatchedCompressor.handed_over``: where the decision's exchange window ends), how many times
+each step's batch was reduced by hvdcomp's step op (``reduce_batch_now``), how many steps
 left the ranks identical, the final variables' digest; for the NaN runs, the gradients returned at that step: whether
 each is all NaN, whether each is all zeros, and whether they are identical across ranks."""
 import hashlib
@@ -67,18 +68,20 @@ def train(compression, steps, poison_at=None):
         return grads
 
     hvd.broadcast_variables(variables, root_rank=0)
-    ok, sent, summed, at_poison, handed = 0, [], [], None, []
+    ok, sent, summed, at_poison, handed, reduced = 0, [], [], None, [], []
     if not isinstance(compression, type):  # count the results handed over (the window's end)
-        hand_over = compression.handed_over
-
-        def counted(*args, **kwargs):
-            handed[-1] += 1
-            return hand_over(*args, **kwargs)
-        compression.handed_over = counted
+        def counted(calls, method):
+            def call(*args, **kwargs):
+                calls[-1] += 1
+                return method(*args, **kwargs)
+            return call
+        compression.handed_over = counted(handed, compression.handed_over)
+        compression.reduce_batch_now = counted(reduced, compression.reduce_batch_now)
     for step in range(steps):
         i = (step * 32) % (len(xs) - 32)
         bad = poison_at == step and rank == size - 1
         handed.append(0)
+        reduced.append(0)
         grads = train_step(tf.constant(xs[i:i + 32]), tf.constant(ys[i:i + 32]),
                            tf.constant(float("nan") if bad else 1.0))
         if poison_at == step:
@@ -89,7 +92,7 @@ def train(compression, steps, poison_at=None):
             sent.append(compression.last_stats.bytes_sent)
             summed.append(compression.last_stats.horovod_bytes)
     return {"sent": sent, "summed": summed, "identical": ok, "digest": digest(variables),
-            "at_poison": at_poison, "handed": handed}
+            "at_poison": at_poison, "handed": handed, "reduced": reduced}
 
 
 for name, make in runs.items():
