@@ -277,22 +277,41 @@ class KernelLoading:
     'compress'); else at the first step after the decision holds a choice that compresses, or
     puts a compressing candidate in force in its probe's second round (a finalist, whose samples
     then time the kernels: the first round times it on the reference path, which can only make
-    a candidate look slower than it is, by its encode and decode only). Until then the methods
+    a candidate look slower than it is, by its encode and decode only) once the job has run
+    ``AFFORDED`` seconds since the decision's first timed step, so that the load costs at most a
+    tenth of the time so far. Sooner, the finalist is timed on the reference path: where it
+    wins anyway, the held choice loads them; where it loses, the decision's later revisits time
+    it again, with the kernels once affordable. Why: recipe (d) (Keras ``fit``, 220 steps of
+    ~10 ms, 4 ranks on 2 cores) loaded them in about half of its runs for a finalist that then
+    lost, at a cost of 2-3 s (numba's import and the kernels' load, and the one more full
+    collection of Python's garbage collector that their objects brought, 0.4-0.7 s) in a
+    job of 9-10 s. Until then the methods
     run their NumPy reference path (the same bits: ``hvdcomp.kernels``) and the check is
     NumPy's (the same verdict), on the steps hvdcomp agrees only (``QuietSteps`` check
     nothing). Loading happens at a step's first ``entry`` (before the decision's window begins)
     or, for a graph front end, its first batch."""
+    LOAD_SECONDS = 1.0  # numba's import and a method's kernels from numba's disk cache (0.7 s
+    # measured in one process on this 2-core machine; 4 ranks loading together: 2-3 s)
+    AFFORDED = 10 * LOAD_SECONDS
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, method, decision):
         self.modules = ("finite",) + tuple(getattr(method, "kernel_modules", ()))
         self.due = kernels.numba_loaded()  # loading them then costs ~0.1 s, not numba's import
         self.loaded = not kernels.installed()  # nothing to load
+        self.since = None  # when the decision observed its first timed step
         self.observe(decision)
         self.load_if_due()
 
     def observe(self, decision):
         """After the decision's observation of a step: are the kernels due?"""
-        self.due = not self.loaded and (self.due or compresses_for_good(decision))
+        now = self.clock()
+        if self.since is None and decision.steps:
+            self.since = now
+        wanted = compresses_for_good(decision) and (
+            decision.phase != "probe" or self.since is not None
+            and now - self.since >= self.AFFORDED)
+        self.due = not self.loaded and (self.due or wanted)
 
     def load_if_due(self):
         """Load them where they are due (between steps), once."""

@@ -90,6 +90,42 @@ def test_compressing_for_good_is_a_choice_a_fixed_mode_or_a_finalist_not_a_scree
     assert not decision.compresses_for_good(Decision("pass", 1024))
 
 
+@pytest.mark.parametrize("step_seconds", [0.1, 1.0])
+def test_a_finalist_loads_the_kernels_only_where_the_job_so_far_affords_their_load(
+        monkeypatch, step_seconds):
+    """``hvdcomp.engine.KernelLoading``: a compressing finalist of the probe's second round
+    makes the fused kernels due only once ``AFFORDED`` seconds have passed since the first
+    observed step (a short job is not charged numba's import for a candidate that may lose);
+    a held choice that compresses makes them due at once."""
+    from hvdcomp import engine
+    monkeypatch.setattr(engine.kernels, "installed", lambda: True)
+    monkeypatch.setattr(engine.kernels, "numba_loaded", lambda: False)
+    d = Decision("measure", 1024)
+    loading = engine.KernelLoading(object(), d)
+    now = [0.0]
+    loading.clock = lambda: now[0]
+    seen = []
+    for _ in range(40):
+        d.observe(0.0 if d.thresholds is None else (0.010 if d.threshold == 1024 else 0.020),
+                  (16384, 2560, 10))
+        loading.observe(d)
+        elapsed = -1.0 if loading.since is None else now[0] - loading.since
+        seen.append((d.phase, d.round, d.threshold, elapsed, loading.due))
+        now[0] += step_seconds
+        if loading.due:
+            break
+    finalist = [(t, due) for phase, rnd, t, _, due in seen if phase == "probe"
+                and rnd == "refine" and t == 1024]
+    assert finalist, seen
+    assert all(due == (elapsed >= loading.AFFORDED) for phase, rnd, t, elapsed, due in seen
+               if phase == "probe"), seen
+    if step_seconds == 0.1:  # 10 s not reached in the probe: loaded for the held choice
+        assert not any(due for _, due in finalist), seen
+        assert seen[-1][0] == "hold" and seen[-1][2] == 1024 and seen[-1][4], seen
+    else:  # the probe's second round comes after 10 s: its finalist loads them
+        assert seen[-1][:3] == ("probe", "refine", 1024) and seen[-1][4], seen
+
+
 def test_a_tie_goes_to_the_exact_sum_and_compression_must_win_by_the_margin():
     d = Decision("measure", 1024, margin=0.05)
     feed(d, (20, lambda t, i: 0.0100 if t == NEVER else 0.0097))  # 3% faster: not enough
