@@ -323,16 +323,24 @@ def time_table(rows, rates):
 
 
 def timing_order(every, k):
-    """Round ``k``'s (0-based) order of the timed configurations ``every``: rotated by ``k``, so
-    that no configuration always runs at the same place in a round."""
-    k %= max(len(every), 1)
-    return every[k:] + every[:k]
+    """Round ``k``'s (0-based) order of the timed configurations ``every``: row ``k`` of a
+    balanced Latin square (Williams's: the sequence 0, 1, n-1, 2, n-2, ... shifted by ``k``).
+    Over ``n = len(every)`` rounds each configuration runs once at each place and, for an even
+    ``n``, right after each other one once; in any two rounds it follows two different ones.
+    So neither its place in a round nor the run before it favours one. Why: until session 59
+    the order was rotated, which keeps every run's predecessor: in session 59's run of recipe
+    (d) (`results/tta-s59-keras/`), `none`, which always came right after the compute ceiling,
+    took 9.1 and 10.1 s in those two rounds and 12.0 s where it ran first, against 10.7-15.7 s
+    for the others."""
+    n = len(every)
+    base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    return [every[(b + k) % n] for b in base]
 
 
 def on_cluster(args, tasks, methods, rates, out):
     """Time one seed of every (task, method) and of the compute ceiling at each link rate on the
     emulated cluster (benchmarks/cluster.sh; root), ``--timing-rounds`` times: a round runs every
-    task and method once, in ``timing_order`` (rotated per round), so the machine's drift falls
+    task and method once, in ``timing_order`` (a new order per round), so the machine's drift falls
     on every method alike. With ``--timing-launches each`` (the default) every timed run is a
     launch of its own, as a user's training is: each pays what a process pays once (hvdcomp's
     communicator and kernels, Horovod's first negotiations) instead of the first hvdcomp method

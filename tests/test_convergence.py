@@ -6,6 +6,8 @@ import math
 import os
 import subprocess
 
+import pytest
+
 from mpirun import ROOT, PYTHON, mpi_env, run
 
 METHODS = ["none", "marsit", "topk"]
@@ -80,15 +82,23 @@ def test_charlm_example_standalone(tmp_path):
     assert s["final"] == rec["curve"][-1]["val_loss"]
 
 
-def test_timing_rounds_put_every_configuration_at_every_place_once():
-    """The timed runs' order (benchmarks/convergence.py ``timing_order``) rotates per round: over
-    as many rounds as configurations, each runs once at each place, and a round holds each once."""
+@pytest.mark.parametrize("count", [2, 5, 8])
+def test_timing_rounds_put_every_configuration_at_every_place_once_after_new_ones(count):
+    """The timed runs' order (benchmarks/convergence.py ``timing_order``): over as many rounds
+    as configurations, each runs once at each place, and a round holds each once; no
+    configuration follows the same one in every round (a rotation kept every run's
+    predecessor), and with an even count it follows each other one exactly once."""
     import sys
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from convergence import timing_order
-    every = ["none", "fp16", "marsit", "topk", "ceiling"]
+    every = ["none", "fp16", "marsit", "topk", "sketchfusion", "efsignsgd", "powersgd",
+             "ceiling"][:count]
     rounds = [timing_order(every, k) for k in range(len(every))]
     assert all(sorted(r) == sorted(every) for r in rounds)
     for place in range(len(every)):
         assert sorted(r[place] for r in rounds) == sorted(every)
-    assert rounds[0] == every
+    pairs = [(r[i], r[i + 1]) for r in rounds for i in range(len(r) - 1)]
+    after = {m: [a for a, b in pairs if b == m] for m in every}
+    assert all(len(set(a)) > 1 for a in after.values() if len(a) > 1), after
+    if count % 2 == 0:
+        assert sorted(pairs) == sorted((a, b) for a in every for b in every if a != b)
