@@ -327,11 +327,12 @@ def timing_order(every, k):
     balanced Latin square (Williams's: the sequence 0, 1, n-1, 2, n-2, ... shifted by ``k``).
     Over ``n = len(every)`` rounds each configuration runs once at each place and, for an even
     ``n``, right after each other one once; in any two rounds it follows two different ones.
-    So neither its place in a round nor the run before it favours one. Why: until session 59
-    the order was rotated, which keeps every run's predecessor: in session 59's run of recipe
-    (d) (`results/tta-s59-keras/`), `none`, which always came right after the compute ceiling,
-    took 9.1 and 10.1 s in those two rounds and 12.0 s where it ran first, against 10.7-15.7 s
-    for the others."""
+    So neither its place in a round nor the run before it favours one. Until session 59 the
+    order was rotated, which keeps every run's predecessor, so an effect of the run before could
+    not be told from the configuration's own speed (in session 59's run of recipe (d),
+    `results/tta-s59-keras/`, `none` came right after the compute ceiling in two rounds and was
+    fastest in those; in this order, `results/tta-s59-keras-b/`, it was still fastest in two
+    of three rounds: the order was not what made it so)."""
     n = len(every)
     base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
     return [every[(b + k) % n] for b in base]
