@@ -405,7 +405,7 @@ class StepEngine:
             for e in entries:
                 self.results[e.ticket] = (SUMMED, e)
                 e.source = None
-            return self._pass_quietly(horovod_bytes(entries, self.quiet.figures["ranks"]))
+            return self.pass_quietly(horovod_bytes(entries, self.quiet.figures["ranks"]))
         ctx = self.context()
         before, t0 = ctx.stats.snapshot(), time.perf_counter()
         self.phases = {}
@@ -431,22 +431,7 @@ class StepEngine:
             self.batch += 1
         return stats
 
-    def pass_planned(self, numels):
-        """A graph front end's step, at its start, whose plan hands all of its batch's
-        ``numels`` (float32 tensors) to Horovod's own allreduce: True where it is quiet
-        (``QuietSteps``; passed now, so no batch of it is processed), else False (``process``
-        runs as usual)."""
-        if self.batch != 0 or not self.quiet.take(len(numels), self.step, True):
-            return False
-        self._pass_quietly(ring_bytes(4 * sum(numels), self.quiet.figures["ranks"]))
-        return True
-
-    def next_quiet(self):
-        """Whether the next step may be quiet: if not, it observes this step's exchange window
-        (``Decision.last_window``), which must then end where its last result is handed over."""
-        return self.quiet.expects(self.step)
-
-    def _pass_quietly(self, horovod_bytes):
+    def pass_quietly(self, horovod_bytes):
         """A quiet step (``QuietSteps``): every result is Horovod's own (``SUMMED``), nothing is
         staged or communicated; the step ends with the figures of the agreed step that allowed
         it, and ``horovod_bytes``, what Horovod's allreduce sent (a tensor may be summed in
@@ -582,6 +567,18 @@ class StepEngine:
         for e in entries:
             self.results.pop(e.ticket, None)
             e.release()
+
+
+def pass_planned(engine, numels):
+    """A graph front end's step, at its start, whose plan hands its whole batch (float32
+    tensors of ``numels`` elements) to Horovod's own allreduce: ``(quiet, observed)``, whether
+    it is quiet (``QuietSteps``: it ends now, and no batch of it is processed) and whether its
+    exchange window is read (the next step, not quiet, observes it: a result of the step must
+    then end it, ``Decision.mark``)."""
+    quiet = engine.batch == 0 and engine.quiet.take(len(numels), engine.step, True)
+    if quiet:
+        engine.pass_quietly(ring_bytes(4 * sum(numels), engine.quiet.figures["ranks"]))
+    return quiet, not quiet or not engine.quiet.expects(engine.step)
 
 
 def send_messages(engine, passed):

@@ -42,7 +42,7 @@ from hvdcomp import (bucketing, checks, hierarchical, loss_scale, ownership,
                      preconditioning, validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
-from hvdcomp.engine import Entry
+from hvdcomp.engine import Entry, pass_planned
 from hvdcomp.facade.runtime import Runtimes
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
@@ -262,28 +262,20 @@ class BatchedCompressor:
             rt.driver.whole_step(entries)
             return [rt.engine.take(e.ticket)[0] for e in entries]
 
-    def horovod_plan(self, numels, keys, process_set=None):
-        """The graph front ends' plan of a step, before its gradients are handed to Horovod: per
-        key (a gradient of ``numels[i]`` elements that Horovod's allreduce could sum itself),
-        whether it does this step (``Runtime.hands_to_horovod``; a method's message cannot be
-        sent from a graph, so a method that steps aside sends none). The step's exchange window
-        starts here (``hvdcomp.decision``): before Horovod sums any of them, so that what
-        passing costs the backward pass it overlaps is in it, as it is in PyTorch's."""
+    def horovod_plan(self, numels, keys, process_set=None, whole=False):
+        """A graph front end's plan of a step, before its gradients reach Horovod: per key (a
+        gradient of ``numels[i]`` elements Horovod's allreduce could sum itself), whether it
+        does (``Runtime.hands_to_horovod``; a method that steps aside sends no message from a
+        graph), then ``quiet, observed`` (``hvdcomp.engine.pass_planned``: the ``whole`` batch
+        passed). The step's exchange window starts here (``hvdcomp.decision``), before Horovod
+        sums any of them: what passing costs the backward pass is in it, as in PyTorch's."""
         with self._lock:
             rt = self.runtimes.for_set(process_set)
             rt.decision.begin()
-            return [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
-
-    def pass_planned(self, numels, process_set=None):
-        """A graph front end's step whose plan (``horovod_plan``) hands its whole batch, float32
-        tensors of ``numels`` elements, to Horovod's allreduce: ``(quiet, observed)``, whether
-        the step is quiet (``hvdcomp.engine.QuietSteps``: passed now, so its batch is not to be
-        reduced) and whether its exchange window is read (by the next step's observation: a
-        result of it must then be handed over, ``handed_over``)."""
-        with self._lock:
-            engine = self.runtimes.for_set(process_set).engine
-            quiet = engine.pass_planned(numels)
-            return quiet, not quiet or not engine.next_quiet()
+            plan = [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
+            if whole and all(plan):
+                return (plan, *pass_planned(rt.engine, numels))
+            return plan, False, True
 
     def handed_over(self, process_set=None):
         """A graph front end handed a result of the step over (after Horovod's own allreduce of

@@ -464,7 +464,7 @@ class StepBatch:
         return self._plan
 
     def quiet(self):
-        """The plan op's flag: this step is quiet (``BatchedCompressor.pass_planned``: every
+        """The plan op's flag: this step is quiet (``hvdcomp.engine.pass_planned``: every
         gradient passed, the step already ended), so the step op does not run."""
         self.plan_op()
         return self._flags[0]
@@ -481,10 +481,8 @@ class StepBatch:
         ``take`` that hands one over where its window is read."""
         keys = [k for k, s in zip(self.keys, self.sums) if s]
         numels = [self.tensors[k].shape.num_elements() for k in keys]
-        summed = self.compressor.horovod_plan(numels, keys, self.process_set)
-        quiet = observed = False
-        if len(keys) == len(self.keys) and all(summed):
-            quiet, observed = self.compressor.pass_planned(numels, self.process_set)
+        summed, quiet, observed = self.compressor.horovod_plan(
+            numels, keys, self.process_set, whole=len(keys) == len(self.keys))
         if quiet:
             self.results = dict.fromkeys(self.keys, SUMMED)
         summed = dict(zip(keys, summed))
@@ -536,7 +534,6 @@ class StepBatch:
         same function: tf.function orders the ops on one variable as written) reads them."""
         opt = self.adam
         build_untraced(opt, list(self.call.vars))
-        self.moments = []
         by_key = dict(zip(gradient_names(self.call.vars), self.call.vars))
         for i, key in enumerate(self.keys):
             slot = opt._index_dict.get(opt._var_key(by_key[key]))
