@@ -282,13 +282,12 @@ class KernelLoading:
     tenth of the time so far. Sooner, the finalist is timed on the reference path: where it
     wins anyway, the held choice loads them; where it loses, the decision's later revisits time
     it again, with the kernels once affordable. Why: recipe (d) (Keras ``fit``, 220 steps of
-    ~10 ms, 4 ranks on 2 cores) loaded them in about half of its runs for a finalist that then
-    lost, at a cost of 2-3 s (numba's import and the kernels' load, and the one more full
-    collection of Python's garbage collector that their objects brought, 0.4-0.7 s) in a
-    job of 9-10 s. Until then the methods
-    run their NumPy reference path (the same bits: ``hvdcomp.kernels``) and the check is
-    NumPy's (the same verdict), on the steps hvdcomp agrees only (``QuietSteps`` check
-    nothing). Loading happens at a step's first ``entry`` (before the decision's window begins)
+    ~10 ms, 4 ranks on 2 cores) loaded them in 3 of 9 runs for a finalist that then lost, at a
+    cost of 2-3 s (numba's import and the kernels' load, and the one more full collection of
+    Python's garbage collector that their objects brought, 0.4-0.7 s) in a job of 9-10 s.
+    Until then the methods run their NumPy reference path (the same bits:
+    ``hvdcomp.kernels``) and the check is NumPy's (the same verdict), on the steps hvdcomp
+    agrees only (``QuietSteps`` check nothing). Loading happens at a step's first ``entry`` (before the decision's window begins)
     or, for a graph front end, its first batch."""
     LOAD_SECONDS = 1.0  # numba's import and a method's kernels from numba's disk cache (0.7 s
     # measured in one process on this 2-core machine; 4 ranks loading together: 2-3 s)
@@ -571,14 +570,16 @@ class StepEngine:
 
 def pass_planned(engine, numels):
     """A graph front end's step, at its start, whose plan hands its whole batch (float32
-    tensors of ``numels`` elements) to Horovod's own allreduce: ``(quiet, observed)``, whether
-    it is quiet (``QuietSteps``: it ends now, and no batch of it is processed) and whether its
-    exchange window is read (the next step, not quiet, observes it: a result of the step must
-    then end it, ``Decision.mark``)."""
+    tensors of ``numels`` elements) to Horovod's own allreduce: ``(quiet, silent)``, whether
+    it is quiet (``QuietSteps``: it ends now, and no batch of it is processed) and whether it
+    is also silent: the next step may be quiet too, so nothing reads this one's exchange window
+    (a step that is not quiet observes the window before it, which a result of that step must
+    then end, ``Decision.mark``)."""
     quiet = engine.batch == 0 and engine.quiet.take(len(numels), engine.step, True)
-    if quiet:
-        engine.pass_quietly(ring_bytes(4 * sum(numels), engine.quiet.figures["ranks"]))
-    return quiet, not quiet or not engine.quiet.expects(engine.step)
+    if not quiet:
+        return False, False
+    engine.pass_quietly(ring_bytes(4 * sum(numels), engine.quiet.figures["ranks"]))
+    return True, engine.quiet.expects(engine.step)
 
 
 def send_messages(engine, passed):

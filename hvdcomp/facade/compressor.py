@@ -266,7 +266,7 @@ class BatchedCompressor:
         """A graph front end's plan of a step, before its gradients reach Horovod: per key (a
         gradient of ``numels[i]`` elements Horovod's allreduce could sum itself), whether it
         does (``Runtime.hands_to_horovod``; a method that steps aside sends no message from a
-        graph), then ``quiet, observed`` (``hvdcomp.engine.pass_planned``: the ``whole`` batch
+        graph), then ``quiet, silent`` (``hvdcomp.engine.pass_planned``: the ``whole`` batch
         passed). The step's exchange window starts here (``hvdcomp.decision``), before Horovod
         sums any of them: what passing costs the backward pass is in it, as in PyTorch's."""
         with self._lock:
@@ -275,7 +275,7 @@ class BatchedCompressor:
             plan = [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
             if whole and all(plan):
                 return (plan, *pass_planned(rt.engine, numels))
-            return plan, False, True
+            return plan, False, False
 
     def handed_over(self, process_set=None):
         """A graph front end handed a result of the step over (after Horovod's own allreduce of

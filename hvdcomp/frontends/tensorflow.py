@@ -481,13 +481,13 @@ class StepBatch:
         ``take`` that hands one over where its window is read."""
         keys = [k for k, s in zip(self.keys, self.sums) if s]
         numels = [self.tensors[k].shape.num_elements() for k in keys]
-        summed, quiet, observed = self.compressor.horovod_plan(
+        summed, quiet, silent = self.compressor.horovod_plan(
             numels, keys, self.process_set, whole=len(keys) == len(self.keys))
         if quiet:
             self.results = dict.fromkeys(self.keys, SUMMED)
         summed = dict(zip(keys, summed))
         return (np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_),
-                np.array([quiet, quiet and not observed], dtype=np.bool_))
+                np.array([quiet, silent], dtype=np.bool_))
 
     def join(self, key, tensor):
         """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
