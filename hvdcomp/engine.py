@@ -287,8 +287,8 @@ class KernelLoading:
     Python's garbage collector that their objects brought, 0.4-0.7 s) in a job of 9-10 s.
     Until then the methods run their NumPy reference path (the same bits:
     ``hvdcomp.kernels``) and the check is NumPy's (the same verdict), on the steps hvdcomp
-    agrees only (``QuietSteps`` check nothing). Loading happens at a step's first ``entry`` (before the decision's window begins)
-    or, for a graph front end, its first batch."""
+    agrees only (``QuietSteps`` check nothing). Loading happens at a step's first ``entry``
+    (before the decision's window begins) or, for a graph front end, its first batch."""
     LOAD_SECONDS = 1.0  # numba's import and a method's kernels from numba's disk cache (0.7 s
     # measured in one process on this 2-core machine; 4 ranks loading together: 2-3 s)
     AFFORDED = 10 * LOAD_SECONDS
