@@ -9,6 +9,10 @@
 #     ${HVDCOMP_CACHE:-$HOME/.cache/hvdcomp}, keyed by the exact versions and the patches, so the
 #     second run is quick.
 # A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
+# The installed stack (site-packages and scripts, hvdcomp's editable install left out) is kept in
+# that cache too, as hard links (no copy: seconds, no disk), keyed like the stamp: a fresh clone on
+# the same machine (CI) then links it into its new .venv in seconds, where pip takes minutes to
+# unpack ~8 GB of wheels. Where hard links cannot be made (another file system), pip installs.
 #
 # Stacks (HVDCOMP_STACK):
 #   current (default)  numpy 2.x, tensorflow-cpu 2.21.0 with tf-keras 2.21.0 (tf.keras is Keras 2
@@ -67,6 +71,42 @@ STAMP="$VENV/.hvdcomp-setup-stamp"
 STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
 
 log() { echo "[setup] $*" >&2; }
+TEMPLATE="$CACHE/venv-$(printf '%s' "$STAMP_WANT" | sha1sum | cut -c1-12)"
+site_packages() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
+# The stack of a set-up with the same inputs, linked into a new .venv (returns 1 where it cannot).
+restore_template() {
+  [ -d "$TEMPLATE/site-packages" ] && [ ! -e "$VENV" ] || return 1
+  "$PYTHON" -m venv --without-pip "$VENV" || return 1
+  if ! cp -al "$TEMPLATE/site-packages/." "$(site_packages)/" 2>/dev/null; then
+    rm -rf "$VENV"
+    return 1
+  fi
+  local script
+  for script in "$TEMPLATE"/bin/*; do  # entry points: their first line names the venv's python
+    sed "1s|^#!.*python.*$|#!$VENV/bin/python|" "$script" > "$VENV/bin/$(basename "$script")" &&
+      chmod +x "$VENV/bin/$(basename "$script")" || return 1
+  done
+  log "linked the installed stack from $TEMPLATE"
+}
+
+# This .venv's stack, as hard links, for restore_template (one template kept: the others go).
+save_template() {
+  [ ! -d "$TEMPLATE" ] || return 0
+  local tmp="$TEMPLATE.tmp.$$" old script
+  mkdir -p "$tmp/bin"
+  if ! cp -al "$(site_packages)" "$tmp/site-packages" 2>/dev/null; then
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$tmp"/site-packages/__editable__*hvdcomp* "$tmp"/site-packages/hvdcomp-*.dist-info
+  for script in "$VENV"/bin/*; do
+    case "$(basename "$script")" in python*|activate*|Activate.ps1) continue ;; esac
+    [ -f "$script" ] && [ ! -L "$script" ] && cp -p "$script" "$tmp/bin/"
+  done
+  for old in "$CACHE"/venv-*; do [ "$old" = "$tmp" ] || rm -rf "$old"; done
+  mv "$tmp" "$TEMPLATE"
+}
 
 # 1. Open MPI (system packages).
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
@@ -90,34 +130,39 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_WANT" ] && "$VENV/bin/python
   exit 0
 fi
 
-# 2. The virtual environment and the Python stack.
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=(pip_quiet install -q)
 # pip, without the warnings about this machine's file:// indexes; a synchronous filter, so that an
 # error message is printed before set -e ends the script (pipefail keeps pip's exit status).
 pip_quiet() { { "$VENV/bin/python" -m pip "$@" 2>&1 1>&3 3>&- | { grep -v "is ignored: it is neither" || true; } >&2; } 3>&1; }
-TORCH_PIP_ARGS=()
-[ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
-log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, ${STACK_PINS[*]}, test tools"
-"${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "${STACK_PINS[@]}" \
-  numba cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
 
-# 3. Horovod, from its source release, through the wheel cache.
-WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl 2>/dev/null | head -n1 || true)"
-if [ -z "$WHEEL" ]; then
-  log "building Horovod ${HOROVOD_VERSION} (several minutes, cached in $HVD_CACHE)"
-  BUILD="$(mktemp -d)"
-  trap 'rm -rf "$BUILD"' EXIT
-  pip_quiet download -q --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$BUILD"
-  PYTHON_BIN="$VENV/bin/python" bash "$ROOT/scripts/build_horovod.sh" \
-    "$BUILD/horovod-${HOROVOD_VERSION}.tar.gz" "$BUILD/wheel" >/dev/null
-  mkdir -p "$HVD_CACHE"
-  cp "$BUILD"/wheel/horovod-*.whl "$HVD_CACHE/"
-  WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl | head -n1)"
-fi
-log "installing $(basename "$WHEEL")"
-"${PIP[@]}" --no-deps --force-reinstall "$WHEEL"
-"${PIP[@]}" cloudpickle psutil pyyaml packaging cffi  # Horovod's runtime dependencies
+install_stack() {  # steps 2 and 3
+  # 2. The virtual environment and the Python stack.
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  TORCH_PIP_ARGS=()
+  [ -z "$TORCH_INDEX_URL" ] || TORCH_PIP_ARGS=(--extra-index-url "$TORCH_INDEX_URL")
+  log "installing ${TORCH_SPEC}${TORCH_INDEX_URL:+ (extra index ${TORCH_INDEX_URL})}, tensorflow-cpu ${TF_VERSION}, ${STACK_PINS[*]}, test tools"
+  "${PIP[@]}" "${TORCH_PIP_ARGS[@]}" "$TORCH_SPEC" "tensorflow-cpu==${TF_VERSION}" "${STACK_PINS[@]}" \
+    numba cloudpickle psutil pyyaml packaging cffi "pytest>=7" pytest-timeout scikit-learn matplotlib wheel setuptools "cmake>=3.13,<4"
+
+  # 3. Horovod, from its source release, through the wheel cache.
+  WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl 2>/dev/null | head -n1 || true)"
+  if [ -z "$WHEEL" ]; then
+    log "building Horovod ${HOROVOD_VERSION} (several minutes, cached in $HVD_CACHE)"
+    BUILD="$(mktemp -d)"
+    trap 'rm -rf "$BUILD"' EXIT
+    pip_quiet download -q --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$BUILD"
+    PYTHON_BIN="$VENV/bin/python" bash "$ROOT/scripts/build_horovod.sh" \
+      "$BUILD/horovod-${HOROVOD_VERSION}.tar.gz" "$BUILD/wheel" >/dev/null
+    mkdir -p "$HVD_CACHE"
+    cp "$BUILD"/wheel/horovod-*.whl "$HVD_CACHE/"
+    WHEEL="$(ls "$HVD_CACHE"/horovod-*.whl | head -n1)"
+  fi
+  log "installing $(basename "$WHEEL")"
+  "${PIP[@]}" --no-deps --force-reinstall "$WHEEL"
+  "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi  # Horovod's runtime dependencies
+}
+# (not "restore_template || install_stack": set -e does not reach into a function left of ||)
+if ! restore_template; then install_stack; fi
 
 # 4. hvdcomp itself, editable.
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
@@ -126,4 +171,5 @@ log "installing $(basename "$WHEEL")"
 warm_kernels
 log "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 echo "$STAMP_WANT" > "$STAMP"
+save_template
 log "done"
