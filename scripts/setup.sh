@@ -71,7 +71,8 @@ STAMP="$VENV/.hvdcomp-setup-stamp"
 STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
 
 log() { echo "[setup] $*" >&2; }
-TEMPLATE="$CACHE/venv-$(printf '%s' "$STAMP_WANT" | sha1sum | cut -c1-12)"
+# keyed by what the stamp records, by content (the stamp's sha1sum lines name this checkout)
+TEMPLATE="$CACHE/venv-$(cat "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)-$HVD_KEY"
 site_packages() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 
 # The stack of a set-up with the same inputs, linked into a new .venv (returns 1 where it cannot).
