@@ -21,7 +21,6 @@ import atexit
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -33,44 +32,11 @@ from hvdcomp.errors import LaunchError
 # counts stay below 2**31 whatever the buffer size. Tests lower it to exercise the splitting.
 MAX_MESSAGE_BYTES = 1 << 30
 
-# Where the job asks MPI to yield when idle (``OMPI_MCA_mpi_yield_when_idle=1``, set where ranks
-# share cores: this project's machines, 4 ranks on 2 cores), hvdcomp's waits in MPI sleep between
-# tests instead: Open MPI's yield (sched_yield in its progress loop) still keeps the core busy and
-# slows a rank that computes beside the waiter. Measured (4 ranks on 2 cores, 2 of them counting
-# while 2 wait in a barrier): the counting took 0.98-1.27 s beside MPI's waits, 0.81-0.88 s beside
-# sleeping ones. (Horovod's own waits sleep: its background thread cycles, its ops block.) A
-# yielding wait (``wait``) tests for SPIN_SECONDS, then sleeps between tests, each sleep a tenth
-# of the time waited so far and at most MAX_SLEEP_SECONDS: it ends at most ~10% (and 1 ms) after
-# the last rank's arrival. Elsewhere (ranks on cores of their own) hvdcomp waits as MPI does.
-SPIN_SECONDS = 2e-4
-MAX_SLEEP_SECONDS = 1e-3
-YIELDING = os.environ.get("OMPI_MCA_mpi_yield_when_idle", "0").strip().lower() in ("1", "true")
-
 _lock = threading.Lock()
 _context = None
 _subsets = {}  # sorted tuple of world ranks -> CommContext of that process set
 _communicators = []  # every communicator (and shared window) hvdcomp created, freed at exit
 # (see _free_all; reversed, so a window goes before the communicator it was made on)
-
-
-def wait(requests):
-    """Complete every ``mpi4py.MPI.Request`` of ``requests`` (a list): MPI's own wait, or where
-    ranks share cores (``YIELDING``) one that gives the core away during a long wait."""
-    if not YIELDING:
-        MPI.Request.Waitall(requests)
-        return
-    start = time.perf_counter()
-    while not MPI.Request.Testall(requests):
-        waited = time.perf_counter() - start
-        if waited > SPIN_SECONDS:
-            time.sleep(min(waited / 10, MAX_SLEEP_SECONDS))
-
-
-def arrive_together(comm):
-    """Return once every rank of ``comm`` has called this, waiting by ``wait`` (where ranks
-    share cores: before a blocking collective whose ranks may arrive seconds apart)."""
-    if YIELDING:
-        wait([comm.Ibarrier()])
 
 
 class CommContext:
@@ -91,18 +57,16 @@ class CommContext:
         for packed bits) from every rank: shape (size, len)."""
         local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
         out = np.empty((self.size, local.size), dtype=dtype)
-        wait([self.comm.Iallgather(local, out)])
+        self.comm.Allgather(local, out)
         self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
         return out
 
     def allgather_object(self, obj):
         """Gather a picklable object from every rank (for error reports, not for hot paths)."""
-        arrive_together(self.comm)
         return self.comm.allgather(obj)
 
     def bcast_object(self, obj, root=0):
         """``obj`` from rank ``root`` on every rank (picklable; for rare control messages)."""
-        arrive_together(self.comm)
         return self.comm.bcast(obj, root=root)
 
     def split(self, color, key):
@@ -185,7 +149,6 @@ def _world_context():
                     "hvdcomp needs MPI_THREAD_MULTIPLE (Horovod's background thread and hvdcomp "
                     f"both call MPI), but MPI was initialised with thread level {level}. Do not set "
                     "HOROVOD_MPI_THREADS_DISABLE, and use an MPI built with thread support.")
-            arrive_together(MPI.COMM_WORLD)  # the first contact: ranks arrive seconds apart
             _context = CommContext(MPI.COMM_WORLD.Dup())
             atexit.register(_free_all)
         return _context

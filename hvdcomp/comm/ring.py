@@ -61,7 +61,8 @@ def _exchange(comm, send, recv, right, left):
         if s8.size:
             reqs.append(comm.Isend(s8[off:off + step], dest=right, tag=tag))
     if reqs:
-        _context_mod.wait(reqs)
+        from mpi4py import MPI
+        MPI.Request.Waitall(reqs)
     return s8.size, r8.size, len(reqs)
 
 
@@ -125,8 +126,6 @@ def mpi_allreduce(ctx, buf):
     in place over ``ctx``'s ranks by MPI's own all-reduce (``MPI_Allreduce``, in pieces of at
     most MAX_MESSAGE_BYTES); returns ``buf``. The result is identical on every rank: MPI
     requires that all processes of the group receive identical results (MPI 4.1, section 6.9.6).
-    (Its wait is MPI's, where ranks share cores too: ``MPI_Iallreduce`` runs another algorithm,
-    whose sums differ from ``MPI_Allreduce``'s in their last bits.)
     Open MPI picks its algorithm by size and runs it in C (when to prefer it: the module
     docstring). Counted in ``ctx.stats`` as the ring's traffic (``2 (size - 1) / size * buf.nbytes`` each way, ``2 (size - 1)``
     messages per piece): what the library sends is its own choice."""

@@ -8,7 +8,6 @@ make 8 bytes per entry); it does not look at what they mean. Every transfer is c
 """
 import numpy as np
 
-from hvdcomp.comm import context
 from hvdcomp.comm.ring import _exchange
 
 HEADER_TAG = 30000  # tag of the lengths (int64 each) that precede a payload
@@ -76,7 +75,7 @@ def allgather_sets(ctx, s):
     out = []
     for local in (idx, val):
         buf = np.empty(total, dtype=local.dtype)
-        context.wait([ctx.comm.Iallgatherv(local, [buf, counts.tolist()])])
+        ctx.comm.Allgatherv(local, [buf, counts.tolist()])
         out.append(buf)
     entry = idx.itemsize + val.itemsize
     ctx.stats.add(idx.size * entry * (ctx.size - 1), (total - idx.size) * entry, 2)

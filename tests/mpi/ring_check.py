@@ -89,5 +89,4 @@ assert size == 1 or zmax < 5.5, f"max |z| {zmax}"
 assert abs(mean_err) < 5 / np.sqrt(steps * d), f"mean error {mean_err}"
 checks += 1
 
-report(rank=rank, size=size, checks=checks, zmax=zmax, mean_err=mean_err,
-       yielding=context.YIELDING)
+report(rank=rank, size=size, checks=checks, zmax=zmax, mean_err=mean_err)
