@@ -91,10 +91,12 @@ restore_template() {
   log "linked the installed stack from $TEMPLATE"
 }
 
-# This .venv's stack, as hard links, for restore_template (one template kept: the others go).
+# This .venv's stack, as hard links, for restore_template (one per stack kept: the earlier
+# set-up's of this stack go).
 save_template() {
   [ ! -d "$TEMPLATE" ] || return 0
   local tmp="$TEMPLATE.tmp.$$" old script
+  rm -rf "$CACHE"/venv-*-"$HVD_KEY".tmp.*  # left by an interrupted set-up
   mkdir -p "$tmp/bin"
   if ! cp -al "$(site_packages)" "$tmp/site-packages" 2>/dev/null; then
     rm -rf "$tmp"
@@ -105,7 +107,7 @@ save_template() {
     case "$(basename "$script")" in python*|activate*|Activate.ps1) continue ;; esac
     [ -f "$script" ] && [ ! -L "$script" ] && cp -p "$script" "$tmp/bin/"
   done
-  for old in "$CACHE"/venv-*; do [ "$old" = "$tmp" ] || rm -rf "$old"; done
+  for old in "$CACHE"/venv-*-"$HVD_KEY"; do [ "$old" = "$tmp" ] || rm -rf "$old"; done
   mv "$tmp" "$TEMPLATE"
 }
 
