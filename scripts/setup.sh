@@ -75,7 +75,8 @@ log() { echo "[setup] $*" >&2; }
 TEMPLATE="$CACHE/venv-$(cat "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)-$HVD_KEY"
 site_packages() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 
-# The stack of a set-up with the same inputs, linked into a new .venv (returns 1 where it cannot).
+# The stack of a set-up with the same inputs, linked into a new .venv (returns 1 where it cannot;
+# called as a condition, where set -e is off, so each step's failure is returned by hand).
 restore_template() {
   [ -d "$TEMPLATE/site-packages" ] && [ ! -e "$VENV" ] || return 1
   "$PYTHON" -m venv --without-pip "$VENV" || return 1
@@ -164,8 +165,7 @@ install_stack() {  # steps 2 and 3
   "${PIP[@]}" --no-deps --force-reinstall "$WHEEL"
   "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi  # Horovod's runtime dependencies
 }
-# (not "restore_template || install_stack": set -e does not reach into a function left of ||)
-if ! restore_template; then install_stack; fi
+restore_template || install_stack
 
 # 4. hvdcomp itself, editable.
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
