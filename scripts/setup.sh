@@ -10,9 +10,10 @@
 #     second run is quick.
 # A stamp file in .venv records what was installed; a second run with the same inputs does nothing.
 # The installed stack (site-packages and scripts, hvdcomp's editable install left out) is kept in
-# that cache too, as hard links (no copy: seconds, no disk), keyed like the stamp: a fresh clone on
-# the same machine (CI) then links it into its new .venv in seconds, where pip takes minutes to
-# unpack ~8 GB of wheels. Where hard links cannot be made (another file system), pip installs.
+# that cache too, as hard links (no copy: seconds, no disk), keyed by what the stamp records (the
+# stack and the set-up's own files): a fresh clone on the same machine (CI) then links it into its
+# new .venv in seconds, where pip takes minutes to unpack ~8 GB of wheels. Where hard links cannot
+# be made (another file system), pip installs.
 #
 # Stacks (HVDCOMP_STACK):
 #   current (default)  numpy 2.x, tensorflow-cpu 2.21.0 with tf-keras 2.21.0 (tf.keras is Keras 2
@@ -68,11 +69,11 @@ if [ "$TORCH_SPEC" != "torch==${TORCH_VERSION}" ] || [ -n "$TORCH_INDEX_URL" ] |
 fi
 HVD_CACHE="$CACHE/$HVD_KEY"
 STAMP="$VENV/.hvdcomp-setup-stamp"
-STAMP_WANT="$HVD_KEY $(sha1sum "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"
+SETUP_HASH="$(cat "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)"  # by content
+STAMP_WANT="$HVD_KEY $SETUP_HASH"
 
 log() { echo "[setup] $*" >&2; }
-# keyed by what the stamp records, by content (the stamp's sha1sum lines name this checkout)
-TEMPLATE="$CACHE/venv-$(cat "$ROOT/setup.py" "$ROOT/scripts/setup.sh" | sha1sum | cut -c1-12)-$HVD_KEY"
+TEMPLATE="$CACHE/venv-$SETUP_HASH-$HVD_KEY"  # keyed by what the stamp records
 site_packages() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 
 # The stack of a set-up with the same inputs, linked into a new .venv (returns 1 where it cannot;
