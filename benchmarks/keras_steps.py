@@ -7,7 +7,8 @@ decision's log on, its choice and the exchange window of each candidate.
     mpirun -np 2 --oversubscribe .venv/bin/python benchmarks/keras_steps.py marsit   # or none
     benchmarks/cluster.sh run --per-host 2 -- .venv/bin/python benchmarks/keras_steps.py marsit
 
-Environment: ``EPOCHS`` (default 20). Session 57's reading is in benchmarks/time_to_accuracy.md.
+Environment: ``EPOCHS`` (default 20), ``OPTIMIZER`` (``adam``, the recipe's, or ``sgd``: Keras
+SGD at lr 0.1, to tell Adam's part of a step from the rest). Session 57's reading is in benchmarks/time_to_accuracy.md.
 """
 import logging
 import os
@@ -36,8 +37,9 @@ def main():
     compression = (getattr(hvd.Compression, method) if method in ("none", "fp16")
                    else registry.build(method))
     model = make_model()
-    model.compile(optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.Adam(1e-3),
-                                                      compression=compression),
+    optimizer = (tf.keras.optimizers.SGD(0.1) if os.environ.get("OPTIMIZER") == "sgd"
+                 else tf.keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=hvdk.DistributedOptimizer(optimizer, compression=compression),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ends = []
     batch_end = tf.keras.callbacks.LambdaCallback(
