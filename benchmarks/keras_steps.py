@@ -8,7 +8,8 @@ decision's log on, its choice and the exchange window of each candidate.
     benchmarks/cluster.sh run --per-host 2 -- .venv/bin/python benchmarks/keras_steps.py marsit
 
 Environment: ``EPOCHS`` (default 20), ``OPTIMIZER`` (``adam``, the recipe's, or ``sgd``: Keras
-SGD at lr 0.1, to tell Adam's part of a step from the rest). Session 57's reading is in benchmarks/time_to_accuracy.md.
+SGD at lr 0.1, to tell Adam's part of a step from the rest). Sessions 57 and 61's readings are in
+benchmarks/time_to_accuracy.md.
 """
 import logging
 import os
