@@ -311,6 +311,25 @@ def test_steps_of_a_preconditioner_warm_up_are_not_counted():
     assert d.threshold == NEVER and d.medians == {}  # still the first candidate
 
 
+@pytest.mark.parametrize("every", [2, 16, 64])
+def test_the_steps_granted_ahead_are_the_quiet_and_silent_ones_that_follow(every):
+    """``QuietSteps.ahead`` (what a graph front end may end itself, ``hvdcomp.engine.QuietGrant``)
+    counts exactly the steps after a quiet and silent one that ``take`` finds quiet and
+    ``expects`` silent, up to the quiet step whose window the next agreed step reads."""
+    from hvdcomp.engine import QuietSteps
+    quiet = QuietSteps()
+    quiet.size, quiet.every = 6, every
+    for step in range(1, 3 * every):
+        if not quiet.expects(step):  # the step before was not silent: nothing granted
+            continue
+        following = 0
+        while quiet.take(6, step + following, True) and quiet.expects(step + following + 1):
+            following += 1
+        assert quiet.ahead(step) == following, (step, following)
+    quiet.size = 0  # no quiet steps may follow (the last agreement found no whole pass)
+    assert quiet.ahead(5) == 0
+
+
 def test_fixed_modes_and_the_state_round_trip():
     assert feed(Decision("compress", 1024), [0.1] * 20)[-1] == 1024
     assert feed(Decision("pass", 1024), [0.1] * 20)[-1] == NEVER
@@ -473,7 +492,8 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
     every gradient's, hvdcomp agrees at steps 0, 16, 32, 64 only, the sum Horovod makes last
     is handed over by an op of hvdcomp's, ending the decision's window, on the steps whose
     window the decision reads (an agreed step's and the one before it), the quiet steps run no
-    step op of hvdcomp's, and the training is bit-identical to Horovod's Compression.none;
+    step op of hvdcomp's, those that a quiet step grants ahead no Python of hvdcomp's (counted
+    all the same, when read), and the training is bit-identical to Horovod's Compression.none;
     with on_nonfinite='skip' hvdcomp still checks
     every step and a NaN step returns zeros where Horovod summed NaN; under
     decision='compress' Horovod sums only the tensors under min_compress_numel."""
@@ -502,6 +522,22 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
             assert r[name]["handed"] == [1] * 70, (name, r[name]["handed"])
         # the step op reduces a batch on the agreed steps only (session 59: before, every step)
         assert r["pass"]["reduced"] == [int(step in agreed) for step in range(70)]
+        # the plan op's Python runs on the agreed steps and the quiet ones beside each: the
+        # first quiet step grants the rest ahead (hvdcomp.engine.QuietGrant, session 62), and
+        # the graph ends those itself; every step is counted all the same, read every step
+        # ('pass') or only after the run ('pass-unread'), with the same figures
+        beside = [int(step in agreed or step - 1 in agreed or step + 1 in agreed)
+                  for step in range(70)]
+        assert r["pass"]["planned"] == r["pass-unread"]["planned"] == beside, r["pass"]["planned"]
+        assert r["pass"]["step"] == r["pass-unread"]["step"] == 70
+        figures = ("steps", "step", "elements", "bytes_sent", "bytes_recv", "horovod_bytes",
+                   "decision")
+        assert ({f: r["pass"]["total"][f] for f in figures}
+                == {f: r["pass-unread"]["total"][f] for f in figures}), r["pass-unread"]["total"]
+        assert r["pass"]["total"]["steps"] == 70
+        assert r["pass-unread"]["digest"] == r["pass"]["digest"]
+        for name in ("pass-skip", "compress"):
+            assert r[name]["planned"] == [1] * 70, (name, r[name]["planned"])
         for name in ("pass-skip", "compress"):
             assert r[name]["reduced"] == [1] * 70, (name, r[name]["reduced"])
         assert all(sent > 0 for sent in r["pass-skip"]["sent"] + r["compress"]["sent"])

@@ -262,20 +262,20 @@ class BatchedCompressor:
             rt.driver.whole_step(entries)
             return [rt.engine.take(e.ticket)[0] for e in entries]
 
-    def horovod_plan(self, numels, keys, process_set=None, whole=False):
+    def horovod_plan(self, numels, keys, process_set=None, whole=False, countdown=None):
         """A graph front end's plan of a step, before its gradients reach Horovod: per key (a
-        gradient of ``numels[i]`` elements Horovod's allreduce could sum itself), whether it
-        does (``Runtime.hands_to_horovod``; a method that steps aside sends no message from a
-        graph), then ``quiet, silent`` (``hvdcomp.engine.pass_planned``: the ``whole`` batch
-        passed). The step's exchange window starts here (``hvdcomp.decision``), before Horovod
-        sums any of them: what passing costs the backward pass is in it, as in PyTorch's."""
+        gradient of ``numels[i]`` elements), whether Horovod's allreduce sums it itself
+        (``Runtime.hands_to_horovod``), ``quiet, silent`` (``hvdcomp.engine.pass_planned``: the
+        ``whole`` batch passed) and how many following steps its ``countdown`` may end itself
+        (``hvdcomp.engine.QuietGrant``). The step's exchange window starts here, before Horovod
+        sums any gradient (``hvdcomp.decision``)."""
         with self._lock:
             rt = self.runtimes.for_set(process_set)
             rt.decision.begin()
             plan = [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
-            if whole and all(plan):
-                return (plan, *pass_planned(rt.engine, numels))
-            return plan, False, False
+            quiet, silent = pass_planned(rt.engine, numels) if whole and all(plan) else (False,) * 2
+            rt.ahead.countdown = countdown
+            return plan, quiet, silent, countdown and rt.ahead.grant(rt.engine, numels, silent)
 
     def handed_over(self, process_set=None):
         """A graph front end handed a result of the step over (after Horovod's own allreduce of

@@ -17,7 +17,7 @@ import numpy as np
 from hvdcomp import (bucketing, feedback, hierarchical, loss_scale, ownership, preconditioning,
                      state, stepaside)
 from hvdcomp.decision import Decision
-from hvdcomp.engine import StepEngine
+from hvdcomp.engine import QuietGrant, StepEngine
 from hvdcomp.errors import HvdcompError
 
 
@@ -26,7 +26,8 @@ class Runtime:
     every rank): ``algorithm`` (its copy of the method), ``preconditioner``, ``store``,
     ``decision``, ``engine``, ``driver``, ``pending`` (key -> ``Entry`` recorded by ``compress``
     since the step's last flush), ``held`` (key -> the new state of a tensor whose message
-    Horovod sums, ``message``) and ``ownership``."""
+    Horovod sums, ``message``), ``ownership`` and ``ahead``, the quiet steps a graph front end
+    may end itself (``hvdcomp.engine.QuietGrant``; ``settle`` counts them)."""
 
     def __init__(self, compressor, ranks):
         c = compressor
@@ -45,6 +46,12 @@ class Runtime:
         self.pending = {}
         self.held = {}  # key -> new state of a tensor stepping aside through Horovod (message)
         self.ownership = ownership.Ownership(self)
+        self.ahead = QuietGrant()
+
+    def settle(self, drop=False):
+        """Count the quiet steps a graph front end ended itself (``ahead``) into the engine,
+        before anything reads it; ``drop``: before anything uses it (no more are ended)."""
+        self.ahead.settle(self.engine, drop)
 
     def hands_to_horovod(self, numel, key, messages):
         """Whether this step hands tensor ``key`` of ``numel`` elements to Horovod's own
@@ -135,6 +142,7 @@ class Runtime:
     def restore(self, mine, values):
         """Restore this rank's checkpoint ``fields`` and per-tensor ``values``
         (``this_ranks``), between steps."""
+        self.settle(drop=True)
         self.engine.step, self.algorithm.seed = int(mine["step"]), int(mine["seed"])
         self.engine.skipped = int(mine.get("skipped", 0))
         self.store.load(values)
@@ -157,8 +165,10 @@ class Runtimes:
         ``HvdcompError`` where a checkpoint that records no process set was restored before
         the first tensor and this set is another than the one it went to (the global one)."""
         if process_set is self._last_set:
+            self.last.settle(drop=True)
             return self.last
         rt = self.of(ownership.process_set_ranks(process_set))
+        rt.settle(drop=True)
         if self.unplaced is not None and rt is not self.unplaced:
             raise HvdcompError(
                 f"{self.compressor.method}: a checkpoint that records no process set (written "
@@ -180,8 +190,11 @@ class Runtimes:
         return rt
 
     def current(self):
-        """The runtime in use (the global set's before any tensor)."""
-        return self.last or self.of(None)
+        """The runtime in use (the global set's before any tensor), its steps counted
+        (``Runtime.settle``)."""
+        rt = self.last or self.of(None)
+        rt.settle()
+        return rt
 
     def issued(self, ctx):
         """``(runtime, pending, entry)`` of a ``ctx`` that ``compress`` issued: ``pending``,
@@ -201,6 +214,8 @@ class Runtimes:
         """The compressor's checkpoint: the one set's with state (``Runtime.state_dict``), or
         with several, this rank's of each (``'process_sets'``; ``all_ranks`` refused, which
         each rank decides alone: every rank of a set must have used the same sets)."""
+        for rt in self.by_ranks.values():
+            rt.settle()
         used = [self.by_ranks[k] for k in sorted(self.by_ranks, key=_set_order)
                 if self.by_ranks[k].engine.step or self.by_ranks[k].store.keys()]
         if len(used) <= 1:

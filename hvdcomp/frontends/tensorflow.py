@@ -281,16 +281,52 @@ def build_untraced(optimizer, variables):
     its own train function retraces, as it does anyway. Under a ``tf.distribute`` strategy,
     whose variable creators place the variables, the build goes through them as Keras's
     would."""
-    from tensorflow.python.ops import resource_variable_ops
-
-    def eager_variable(next_creator, **kwargs):  # the bottom of the creator chain
-        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
     with tf.init_scope():
         if getattr(optimizer, "_built", False) or tf.distribute.has_strategy():
             optimizer.build(variables)
             return
-        with tf.variable_creator_scope(eager_variable):
+        with eager_variables():
             optimizer.build(variables)
+
+
+def eager_variables():
+    """A ``tf.variable_creator_scope`` (inside ``tf.init_scope()``) whose variables are made
+    as plain eager variables, past any other creator, which the function being traced does not
+    see as its own (it would trace itself again for them)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    def eager_variable(next_creator, **kwargs):  # the bottom of the creator chain
+        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+    return tf.variable_creator_scope(eager_variable)
+
+
+class Countdown:
+    """The quiet steps a ``StepBatch``'s graph may end itself, without its plan op's Python call
+    (the countdown of ``hvdcomp.engine.QuietGrant``): an int64 variable, eager
+    (``eager_variables``), on the host (where the ``tf.cond`` reads its predicate), that
+    ``start`` sets and each step so ended decrements (``ends``)."""
+
+    def __init__(self):
+        with tf.init_scope(), eager_variables(), tf.device("CPU:0"):
+            self.left_var = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="hvdcomp_quiet_steps")
+
+    def start(self, steps):
+        with tf.init_scope():  # at trace time too, e.g. from compress()
+            self.left_var.assign(steps)
+
+    def left(self):
+        with tf.init_scope():
+            return int(self.left_var.numpy())
+
+    def ends(self, keys, planned):
+        """In the graph, the plan and flags of a step (``StepBatch.plan_op``): on a step the
+        countdown ends (it counts it), all ``keys`` passed, quiet and silent; else ``planned()``
+        (a ``tf.cond``: the plan op's branch holds a stateful op)."""
+        def granted():
+            with tf.control_dependencies([self.left_var.assign_sub(1)]):
+                return tf.ones([keys], tf.bool), tf.ones([2], tf.bool)
+        return tf.cond(self.left_var.read_value() > 0, granted, planned)
 
 
 class KerasAdamMoments:
@@ -389,7 +425,8 @@ class StepBatch:
     (``hvdcomp.engine.QuietSteps``: every gradient passed, no agreement due), which the plan op
     ends at once (``quiet``), the step op does not run; the take of the last sum runs only
     where the next step reads the window (``silent``). A quiet step then costs one Python op,
-    the plan's, at its start."""
+    the plan's, at its start, and a quiet and silent one that the last plan granted ahead
+    (``Countdown``, ``hvdcomp.engine.QuietGrant``) a few graph ops."""
 
     def __init__(self, compressor, call, process_set, optimizer=None):
         # hvdcomp's world communicator is created by every rank together: here, at trace time,
@@ -417,6 +454,7 @@ class StepBatch:
         self.summed_last = None  # the index whose take ends the window (``hands_over``)
         self.results = {}
         self._step = self._plan = self._flags = self._summed = None
+        self.countdown = Countdown()
 
     def passable(self, key, horovod_op):
         """The index of ``key`` in the plan where Horovod's allreduce may sum its gradient
@@ -446,13 +484,15 @@ class StepBatch:
     def plan_op(self):
         """The step's plan (a bool per key: Horovod sums that gradient), built at the first
         call, in ``graph``, where the step op is; False for every key where Horovod's conds do
-        not take their allreduce branch. Beside it, ``flags``."""
+        not take their allreduce branch. Beside it, ``flags``. A step that ``countdown`` ends
+        passes every key, quiet and silent, without the Python call."""
         if self._plan is None:
             with self.graph.as_default():
-                def plan():
-                    return tf.numpy_function(self._planned, [], [tf.bool, tf.bool],
-                                             stateful=True,
-                                             name=f"hvdcomp_{self.compressor.method}_plan")
+                def planned():
+                    return tuple(tf.numpy_function(
+                        self._planned, [], [tf.bool, tf.bool], stateful=True,
+                        name=f"hvdcomp_{self.compressor.method}_plan"))
+                plan = functools.partial(self.countdown.ends, len(self.keys), planned)
 
                 def none():
                     return tf.zeros([len(self.keys)], tf.bool), tf.zeros([2], tf.bool)
@@ -481,8 +521,9 @@ class StepBatch:
         ``take`` that hands one over where its window is read."""
         keys = [k for k, s in zip(self.keys, self.sums) if s]
         numels = [self.tensors[k].shape.num_elements() for k in keys]
-        summed, quiet, silent = self.compressor.horovod_plan(
-            numels, keys, self.process_set, whole=len(keys) == len(self.keys))
+        summed, quiet, silent, _ = self.compressor.horovod_plan(
+            numels, keys, self.process_set, whole=len(keys) == len(self.keys),
+            countdown=self.countdown)
         if quiet:
             self.results = dict.fromkeys(self.keys, SUMMED)
         summed = dict(zip(keys, summed))
