@@ -263,19 +263,19 @@ class BatchedCompressor:
             return [rt.engine.take(e.ticket)[0] for e in entries]
 
     def horovod_plan(self, numels, keys, process_set=None, whole=False, countdown=None):
-        """A graph front end's plan of a step, before its gradients reach Horovod: per key (a
-        gradient of ``numels[i]`` elements), whether Horovod's allreduce sums it itself
-        (``Runtime.hands_to_horovod``), ``quiet, silent`` (``hvdcomp.engine.pass_planned``: the
-        ``whole`` batch passed) and how many following steps its ``countdown`` may end itself
-        (``hvdcomp.engine.QuietGrant``). The step's exchange window starts here, before Horovod
-        sums any gradient (``hvdcomp.decision``)."""
+        """A graph front end's step plan, before its gradients reach Horovod (the step's
+        exchange window starts here, ``hvdcomp.decision``): per key (a gradient of ``numels[i]``
+        elements), whether Horovod sums it (``Runtime.hands_to_horovod``), ``quiet, silent``
+        (``hvdcomp.engine.pass_planned``: the ``whole`` batch passed) and how many following
+        steps its ``countdown`` may end itself (``hvdcomp.engine.QuietGrant``)."""
         with self._lock:
             rt = self.runtimes.for_set(process_set)
             rt.decision.begin()
             plan = [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
             quiet, silent = pass_planned(rt.engine, numels) if whole and all(plan) else (False,) * 2
             rt.ahead.countdown = countdown
-            return plan, quiet, silent, countdown and rt.ahead.grant(rt.engine, numels, silent)
+            granted = rt.ahead.grant(rt.engine, numels, silent and countdown is not None)
+            return plan, quiet, silent, granted
 
     def handed_over(self, process_set=None):
         """A graph front end handed a result of the step over (after Horovod's own allreduce of
