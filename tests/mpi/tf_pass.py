@@ -12,7 +12,8 @@ step ran its plan op's Python (``horovod_plan``; the others a plan granted ahead
 graph), how many steps left the ranks identical, the final variables' digest and the step
 count and ``total_stats`` read after the run; ``pass-unread`` is ``pass`` with nothing read
 between steps (the granted steps counted only at the end); for the NaN runs, the gradients
-returned at that step: whether each is all NaN, whether each is all zeros, and whether they are identical across ranks."""
+returned at that step: whether each is all NaN, whether each is all zeros, and whether they are
+identical across ranks."""
 import hashlib
 import os
 import sys
