@@ -46,7 +46,11 @@ not counted.
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
 
-- *probe*, in two rounds. The screen: each candidate runs ``settle`` steps (not counted; none
+- *probe*, in two rounds, begun once no tensor the method compresses would run dense for a
+  preconditioner's warm-up (the user's Adam's first 10 steps,
+  ``hvdcomp.preconditioning.FollowAdam``: a compressing candidate's steps would not be typical
+  of it, and each would be slower than the candidate in force, which holds until then). The
+  screen: each candidate runs ``settle`` steps (not counted; none
   where the candidate is the one already in force: the window observed at a step is the previous
   step's, which ran the previous candidate, and a candidate's first step is not typical of it:
   Horovod negotiates anew every tensor whose shape or dtype changed, the gradient in place of
@@ -197,7 +201,7 @@ class Decision:
         self._done, self._start = (self._start, typical), None
         self.mark()
 
-    def observe(self, window, numels, speak=False, steps=1, half=False):
+    def observe(self, window, numels, speak=False, steps=1, half=False, warming=None):
         """Take the previous step's agreed exchange ``window`` (the slowest rank's, in
         seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
         ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
@@ -205,7 +209,8 @@ class Decision:
         (more than 1 after quiet steps, ``hvdcomp.engine.QuietSteps``, which ran the candidate in
         force: they count toward ``revisit`` and ``settle``); ``half``: Horovod summed every
         tensor of the step on every rank (``HALF`` is then a candidate; used once, as
-        ``numels``). The new threshold applies from the next step."""
+        ``numels``); ``warming``: None or a callable, true while a probe is to wait (*probe*).
+        The new threshold applies from the next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel, half)
         if self.phase == "fixed" or window == 0:
@@ -218,7 +223,7 @@ class Decision:
         self.steps += steps
         if self.phase == "hold":
             self._hold(window, speak)
-        elif self.seen > self.settle:
+        elif self.seen > self.settle and not (self.queue is None and warming and warming()):
             self._probe(window, speak)
 
     def _begin_probe(self, light=False):

@@ -111,6 +111,14 @@ class QuietSteps:
                                 decision=decision.as_dict())
 
 
+def warming(engine, entries):
+    """``Decision.observe``'s ``warming`` for ``engine``'s step of ``entries``: whether a tensor
+    it may compress, passed or not, is dense now for the preconditioner's warm-up
+    (``makes_dense``: the user's Adam's first steps; the same on every rank)."""
+    return any(e.numel >= engine.decision.min_numel and engine.pre.makes_dense(e, engine.store)
+               for e in entries)
+
+
 class SkipStep(Exception):
     """Raised by ``process(..., end_step=False)`` when the batch is to be skipped (NaN/Inf with
     ``on_nonfinite`` 'propagate' or 'skip'): the caller skips the whole step. ``nonfinite``:
@@ -195,7 +203,8 @@ class Entry:
         self.gradient = (identity is None or identity.optimizer is not None) \
             if gradient is None else gradient
         moments = getattr(adapter, "adam_moments", lambda identity: adam)
-        self.adam = None if self.work is None else moments(identity)
+        # by_horovod too: whether the user's Adam is in its warm-up (``warming``)
+        self.adam = None if self.work is None and not by_horovod else moments(identity)
         self._signature = None
 
     def signature(self):
@@ -369,14 +378,15 @@ class StepEngine:
         """The ``CommContext`` of the process set this engine is bound to (the world by default)."""
         return checks.context(self.method.name, self.ranks)
 
-    def entry(self, key, tensor, adapter, by_horovod=False, identity=None):
+    def entry(self, key, tensor, adapter, by_horovod=False, identity=None, adam=None):
         """The ``Entry`` of ``tensor`` (named ``key``) for this step. One ``by_horovod`` is the
         key's entry of its last step, renewed (``Entry.renew``), where the shape, dtype and
         device are unchanged and its result was taken: a model of a thousand small tensors then
         creates no object per tensor per step that would outlive the backward pass, so Python's
         full garbage collections (~120 ms each with torch and numba loaded) stay as rare as
         under Horovod's own allreduce (with a new entry per tensor per step they came every ~30
-        steps: ~4 ms per step). The step's first call starts the decision's timing window."""
+        steps: ~4 ms per step). ``adam``: Entry's (a renewed entry takes it). The step's first
+        call starts the decision's timing window."""
         self.kernels.load_if_due()  # before the window begins: no candidate's cost
         self.decision.begin()
         defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
@@ -384,8 +394,9 @@ class StepEngine:
             kept = self.summed.get(key)
             if (kept is not None and kept.ticket not in self.results
                     and kept.renew(tensor, defer)):
+                kept.adam = adam or kept.adam
                 return kept
-        made = Entry(key, tensor, adapter, by_horovod, identity, defer=defer)
+        made = Entry(key, tensor, adapter, by_horovod, identity, adam=adam, defer=defer)
         if by_horovod:
             self.summed[key] = made
         return made
@@ -466,7 +477,7 @@ class StepEngine:
                               self.decision.last_window if first else 0.0)
         if first:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
-                                  steps=self.quiet.since(),
+                                  steps=self.quiet.since(), warming=lambda: warming(self, entries),
                                   half=agreed.all_by_horovod and not self.aside
                                   and self.on_nonfinite == "propagate"
                                   and all(hasattr(e.adapter, "halved") for e in entries))

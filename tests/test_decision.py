@@ -311,6 +311,38 @@ def test_steps_of_a_preconditioner_warm_up_are_not_counted():
     assert d.threshold == NEVER and d.medians == {}  # still the first candidate
 
 
+def test_a_probe_waits_for_the_users_adams_warm_up_while_the_candidate_in_force_passes():
+    """Where the compressing candidates would run dense for the user's Adam's warm-up (the
+    engine's ``warming``, true for the first 10 steps here), the passing candidate in force
+    holds: no compressing step before step 10, and then the same probe as a job without
+    warm-up, its steps shifted, and the same choice."""
+    def fed(wait):
+        d, seen = Decision("measure", 1024), []
+        for step in range(60):
+            seen.append(d.threshold)
+            d.observe(0.0 if step == 0 else {1024: 0.010, 16384: 0.014}.get(seen[-2], 0.030),
+                      [16384, 2560, 10], warming=lambda: step < wait)
+        return d, seen
+    plain, plain_seen = fed(0)
+    waited, waited_seen = fed(10)
+    assert all(t == NEVER for t in waited_seen[:11]) and plain_seen[:11] != waited_seen[:11]
+    start = plain_seen.index(1024)
+    assert waited_seen.index(1024) > 10
+    shift = waited_seen.index(1024) - start
+    assert waited_seen[start + shift:] == plain_seen[start:len(plain_seen) - shift]
+    assert waited.phase == plain.phase == "hold" and waited.threshold == plain.threshold == 1024
+    asked = []
+    d = Decision("measure", 1024)
+    for step in range(30):  # asked only while a probe is to begin: not in the hold
+        d.observe(0.0 if step == 0 else 0.030, [16384, 2560, 10],
+                  warming=lambda: asked.append(step) or False)
+    assert asked and max(asked) < 30 and d.phase == "hold"
+    held_from = len(asked)
+    for step in range(30, 60):
+        d.observe(0.030, [16384, 2560, 10], warming=lambda: asked.append(step) or False)
+    assert len(asked) == held_from
+
+
 @pytest.mark.parametrize("every", [2, 16, 64])
 def test_the_steps_granted_ahead_are_the_quiet_and_silent_ones_that_follow(every):
     """``QuietSteps.ahead`` (what a graph front end may end itself, ``hvdcomp.engine.QuietGrant``)

@@ -256,7 +256,7 @@ class BatchedCompressor:
         summed = by_horovod if by_horovod is not None else [False] * len(keys)
         with self._lock:
             rt = self.runtimes.for_set(process_set)
-            entries = [rt.engine.entry(k, a, adapter_for(a), by_horovod=True) if b
+            entries = [rt.engine.entry(k, a, adapter_for(a), by_horovod=True, adam=m) if b
                        else Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
                        for k, a, m, b in zip(keys, arrays, adam or [None] * len(keys), summed)]
             rt.driver.whole_step(entries)
