@@ -52,7 +52,8 @@ def main():
     per_epoch = len(ms) // epochs
     if hvd.rank() == 0:
         print(f"{method}: {ends[-1] - start:.2f} s in all; first batch {ms[0]:.0f} ms; rest of "
-              f"epoch 1 median {np.median(ms[1:per_epoch]):.1f} ms; epochs 2-{epochs} median "
+              f"epoch 1 median {np.median(ms[1:per_epoch]):.1f} ms, sum "
+              f"{ms[1:per_epoch].sum() / 1e3:.3f} s; epochs 2-{epochs} median "
               f"{np.median(ms[per_epoch:]):.1f} ms, sum {ms[per_epoch:].sum() / 1e3:.2f} s",
               flush=True)
 
