@@ -383,7 +383,7 @@ RESUMED = [("marsit", 0.05), ("topk", 0.05), ("binsgdm", 0.1)]
 # those that measure, and those that compress (or set the decision by hand), 'unlike' last (it
 # leaves a step raised on every rank).
 MEASURED = ([(name, lr, "carry") for name, lr in METHODS] + [("marsit", 0.05, "half")]
-            + [(name, lr, "resume") for name, lr in RESUMED])
+            + [(name, lr, "resume") for name, lr in RESUMED] + [("marsit", 0.003, "adam-wait")])
 COMPRESSED = [("marsit", 0.003, "adam-carry"), ("topk", 0.003, "adam-carry"),
               ("sgd", 0.1, "aside"), ("adamw", 0.003, "aside"), ("marsit", 0.003, "unlike")]
 
@@ -403,6 +403,19 @@ def test_on_real_ranks_every_rank_decides_alike_and_a_switch_loses_no_memory(nam
     assert runs, ours["runs"]  # some tensor with memory was passed after being compressed
     for r in runs:  # exact to float32's rounding, plus float16's over steps passed in it
         assert r["error"] <= 1e-4 * r["scale"] + 1e-6 + r["fp16_rounding"], r
+
+
+def test_on_real_ranks_under_the_users_adamw_the_probe_compresses_only_after_its_warm_up():
+    """Under the user's AdamW (its tensors dense for Adam's first 10 steps), the decision passes
+    every tensor to Horovod until the warm-up ends, then probes: the same thresholds on every
+    rank, a compressing one within the run, none before step 10; ranks bit-identical."""
+    res = decision_results("marsit", 0.003, "adam-wait", MEASURED, MEASURE)
+    assert sorted(res) == list(range(4))
+    ours = res[0]
+    assert ours["identical"] == ours["steps"] and ours["adam_steps"] == ours["steps"]
+    assert all(r["thresholds"] == ours["thresholds"] for r in res.values())
+    compressing = [i for i, t in enumerate(ours["thresholds"]) if t != "inf"]
+    assert compressing and min(compressing) >= 10, ours["thresholds"]
 
 
 def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_both_ways():

@@ -5,7 +5,7 @@ elements, so the three candidates differ), with HVDCOMP_DECISION=measure (set by
 Args: one or more cases of three each, ``compression lr mode``, run one after the other in this
 launch (each reports with ``case='<compression>-<mode>'``); mode: 'carry', 'resume',
 'resume-pass', 'adam-carry', 'aside' (with 'sgd' or 'adamw' for the compression: BinSGDM's own,
-see ``aside``), 'half' or 'unlike' (see ``adam_carry``).
+see ``aside``), 'half', 'unlike' (see ``adam_carry``) or 'adam-wait' (see ``adam_wait``).
 
 - carry: STEPS steps; every rank records, per step, the threshold in force (``last_stats``), its
   parameters' digest, the applied step of each tensor (``p.grad`` after ``opt.step()``: what
@@ -305,6 +305,31 @@ def adam_carry(name, lr, unlike=False):
     return dict(tensors=out, identical=identical_across_ranks(model))
 
 
+WAIT_STEPS = 24
+
+
+def adam_wait(name, lr):
+    """Under the user's ``torch.optim.AdamW`` with the decision measuring: WAIT_STEPS steps;
+    every rank records the threshold in force at each step (its tensors are dense for Adam's
+    first 10 steps, ``hvdcomp.preconditioning.FollowAdam``) and whether its parameters are
+    bit-identical to the other ranks' after it."""
+    comp_arg = compression_for(name)
+    torch.manual_seed(0)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=lr),
+                                   named_parameters=model.named_parameters(),
+                                   compression=comp_arg)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    comp = compressor_object(comp_arg)
+    thresholds, identical = [], 0
+    for i in range(WAIT_STEPS):
+        thresholds.append(str(comp.decision.threshold))
+        step(model, opt, i)
+        identical += identical_across_ranks(model)
+    return dict(thresholds=thresholds, identical=identical, steps=WAIT_STEPS,
+                adam_steps=int(opt.state[next(model.parameters())]["step"]))
+
+
 ASIDE_STEPS, ASIDE_COMPRESSED, ASIDE_NAN = 12, (5, 6, 7), 3
 
 
@@ -408,7 +433,7 @@ def aside(name, lr):
 
 
 MODES = {"carry": carry, "resume": resume, "resume-pass": resume_pass, "adam-carry": adam_carry,
-         "aside": aside, "half": half,
+         "aside": aside, "half": half, "adam-wait": adam_wait,
          "unlike": lambda name, lr: adam_carry(name, lr, unlike=True)}
 for name, lr, mode in cases(sys.argv[1:], 3):
     report(case=f"{name}-{mode}", rank=hvd.rank(), **MODES[mode](name, float(lr)))
