@@ -253,6 +253,21 @@ def resume_pass(name, lr):
 ADAM_COMPRESSED = 14  # 10 dense warm-up steps (hvdcomp.algorithms.adam.WARMUP), 4 compressed
 
 
+def build_adamw(name, lr):
+    """``(model, Horovod's optimizer, compressor)``: the digits MLP (seed 0, rank 0's weights)
+    under the user's ``torch.optim.AdamW`` (weight decay 0.01) wrapped by the stock
+    ``hvd.DistributedOptimizer`` with compression ``name``."""
+    comp_arg = compression_for(name)
+    torch.manual_seed(0)
+    model = make_model()
+    adamw = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    # Horovod's optimizer is a new instance of a subclass of AdamW: its state is the one used
+    opt = hvd.DistributedOptimizer(adamw, named_parameters=model.named_parameters(),
+                                   compression=comp_arg)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return model, opt, compressor_object(comp_arg)
+
+
 def adam_carry(name, lr, unlike=False):
     """See the module docstring; ``unlike``: rank 0 alone carries its memory into the gradient
     (``FollowAdam.carry`` as the plain one, the others send ``[g, e]``): the ranks' uncompressed
@@ -262,15 +277,7 @@ def adam_carry(name, lr, unlike=False):
     follow_adams_carry = preconditioning.FollowAdam.carry
     if unlike and hvd.rank() == 0:
         preconditioning.FollowAdam.carry = lambda self, carry, store, entry: carry(store, entry)
-    comp_arg = compression_for(name)
-    torch.manual_seed(0)
-    model = make_model()
-    adamw = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    # Horovod's optimizer is a new instance of a subclass of AdamW: its state is the one used
-    opt = hvd.DistributedOptimizer(adamw, named_parameters=model.named_parameters(),
-                                   compression=comp_arg)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    comp = compressor_object(comp_arg)
+    model, opt, comp = build_adamw(name, lr)
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     for i in range(ADAM_COMPRESSED):
         step(model, opt, i)
@@ -313,14 +320,7 @@ def adam_wait(name, lr):
     every rank records the threshold in force at each step (its tensors are dense for Adam's
     first 10 steps, ``hvdcomp.preconditioning.FollowAdam``) and whether its parameters are
     bit-identical to the other ranks' after it."""
-    comp_arg = compression_for(name)
-    torch.manual_seed(0)
-    model = make_model()
-    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=lr),
-                                   named_parameters=model.named_parameters(),
-                                   compression=comp_arg)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    comp = compressor_object(comp_arg)
+    model, opt, comp = build_adamw(name, lr)
     thresholds, identical = [], 0
     for i in range(WAIT_STEPS):
         thresholds.append(str(comp.decision.threshold))
