@@ -235,33 +235,48 @@ def aggregate(records, tasks, methods, scales):
 
 
 def timed_rounds(timing, task, rate):
-    """method -> one ``(seconds per training step, setup seconds)`` per round
-    (``--timing-rounds``) of the ``task`` runs timed at link ``rate``. Setup: the example's
+    """method -> one ``(seconds per training step, setup seconds, {step: seconds to it})`` per
+    round (``--timing-rounds``) of the ``task`` runs timed at link ``rate``. Setup: the example's
     ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
     with numba kernels loaded them there, ~1 s; what every method's job pays alike, the
     optimizer, Horovod's broadcasts and the wait in them for the other ranks' start-up, 2-5 s
     here and varying by seconds, is left out), which a user's job pays once (0.0 in records
-    without it)."""
+    without it). Seconds to a step: the run's training seconds up to that step of its curve,
+    before its evaluation (its first step, the trace and Horovod's first negotiations
+    included; empty in records from before session 64)."""
     found = {}
     for r in timing:
         if r["task"] == task and r.get("rate") == rate and "error" not in r:
             s = r["summary"]
             found.setdefault(r["method"], []).append(
-                (s["seconds"] / s["steps"], s.get("setup_seconds", 0.0)))
+                (s["seconds"] / s["steps"], s.get("setup_seconds", 0.0),
+                 {p["step"]: p["seconds"] for p in r.get("curve", ()) if "seconds" in p}))
     return found
+
+
+def time_to(steps, rounds):
+    """The seconds a run of ``rounds`` (``timed_rounds``' entries of one method) takes to
+    ``steps`` training steps, and how they were found: ``"timed"``, the median over the rounds of
+    each one's seconds to that step (a user's job: its first step, which is most of a short
+    job, counted once); else ``"steps x mean step"``, ``steps`` times the median of the whole
+    runs' mean step (which spreads the first step over every step; records from before
+    session 64). Setup is not included."""
+    if rounds and all(steps in to for _, _, to in rounds):
+        return statistics.median(to[steps] for _, _, to in rounds), "timed"
+    return steps * statistics.median(t for t, _, _ in rounds), "steps x mean step"
 
 
 def add_times(rows, timing, rates):
     """Put on each row, per link rate, its step time (the median over the timing rounds, and
     each round's), its setup (the median), the time to the baseline's final quality (setup +
-    steps to it x step time: a user's job to that quality) and that time as a multiple of
+    ``time_to`` its steps to it: a user's job to that quality) and that time as a multiple of
     Horovod none's and fp16's; and on every row of a task the regime r = (none's step - the
     ceiling's) / the ceiling's step."""
     for rate in rates:
         for task in dict.fromkeys(r["task"] for r in rows):
             rounds = timed_rounds(timing, task, rate)
-            step = {m: statistics.median(t for t, _ in ts) for m, ts in rounds.items()}
-            setup = {m: statistics.median(u for _, u in ts) for m, ts in rounds.items()}
+            step = {m: statistics.median(t for t, _, _ in ts) for m, ts in rounds.items()}
+            setup = {m: statistics.median(u for _, u, _ in ts) for m, ts in rounds.items()}
             task_rows = [r for r in rows if r["task"] == task]
             reach = {}
             for row in task_rows:
@@ -269,10 +284,11 @@ def add_times(rows, timing, rates):
                 row.setdefault("times", {})[rate] = times = {"step_s": t,
                                                              "setup_s": setup.get(row["method"])}
                 if len(rounds.get(row["method"], ())) > 1:
-                    times["step_rounds_s"] = [s for s, _ in rounds[row["method"]]]
+                    times["step_rounds_s"] = [s for s, _, _ in rounds[row["method"]]]
                 if t is not None and row.get("steps_to_baseline") is not None:
-                    reach[row["method"]] = times["to_baseline_s"] = (
-                        times["setup_s"] + row["steps_to_baseline"] * t)
+                    to, times["to_baseline_how"] = time_to(row["steps_to_baseline"],
+                                                           rounds[row["method"]])
+                    reach[row["method"]] = times["to_baseline_s"] = times["setup_s"] + to
                 if "ceiling" in step and t:
                     times["of_ceiling"] = step["ceiling"] / t
                     if "none" in step:
@@ -314,7 +330,8 @@ def time_table(rows, rates):
                              f"{1e3 * t['step_s']:.1f} ({100 * t.get('of_ceiling', math.nan):.0f}%)"
                              + (f" [{1e3 * min(spread):.1f}-{1e3 * max(spread):.1f}]"
                                 if spread else ""))
-                cells.append(f"{t['to_baseline_s']:.1f} s, {t['setup_s']:.2f} s of it setup "
+                cells.append(f"{t['to_baseline_s']:.1f} s ({t['to_baseline_how']}), "
+                             f"{t['setup_s']:.2f} s of it setup "
                              f"({t.get('x_none', math.nan):.2f}x, {t.get('x_fp16', math.nan):.2f}x)"
                              if "to_baseline_s" in t else "-")
             lines.append("| " + " | ".join(cells) + " |")

@@ -165,7 +165,7 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
         return out
 
     gen = torch.Generator().manual_seed(seed * 1000 + hvd.rank())  # each rank its own data
-    curve = [{"step": 0, "val_loss": evaluate(), "train_loss": None}]
+    curve = [{"step": 0, "val_loss": evaluate(), "train_loss": None, "seconds": 0.0}]
     t0, running = time.perf_counter(), []
     for step in range(1, args.steps + 1):
         starts = torch.randint(0, len(train_ids) - args.context - 1, (args.batch_size,),
@@ -179,8 +179,9 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
             schedule.step()
         running.append(loss.item())
         if step % args.eval_every == 0 or step == args.steps:
+            trained = time.perf_counter() - t0  # the seconds to this step, before evaluating
             sent, kind = bytes_per_step(compression, method, numel, hvd.size())
-            curve.append({"step": step, "val_loss": evaluate(),
+            curve.append({"step": step, "val_loss": evaluate(), "seconds": trained,
                           "train_loss": sum(running) / len(running), "bytes_per_step": sent})
             running = []
             if verbose and hvd.rank() == 0:

@@ -86,9 +86,10 @@ def train(args, method, seed, lr=None, verbose=True):
     curve, t0 = [], time.perf_counter()
 
     def evaluated(epoch, steps, losses):
+        trained = time.perf_counter() - t0  # the seconds to this step, before its evaluation
         acc = float(np.mean(np.argmax(model(xte).numpy(), 1) == yte))
         curve.append({"step": (epoch + 1) * steps, "test_acc": acc,
-                      "train_loss": float(np.mean(losses))})
+                      "train_loss": float(np.mean(losses)), "seconds": trained})
         if verbose and hvd.rank() == 0:
             # TensorFlow reduces tensor by tensor: report totals per training step.
             total = getattr(compression, "total_stats", None)

@@ -143,12 +143,13 @@ def train(args, method, seed, lr=None, momentum=None, verbose=True):
             if schedule is not None:
                 schedule.step()
             total += loss.item()
+        trained = time.perf_counter() - t0  # the seconds to this step, before its evaluation
         with torch.no_grad():
             acc = (model(xte).argmax(1) == yte).float().mean().item()
         stats = getattr(compression, "last_stats", None)
         wire = f" | {stats.summary()}" if stats is not None else ""
         curve.append({"step": (epoch + 1) * steps_per_epoch, "test_acc": acc,
-                      "train_loss": total / steps_per_epoch,
+                      "train_loss": total / steps_per_epoch, "seconds": trained,
                       "bytes_per_step": bytes_per_step(compression, method, numel, hvd.size())[0]})
         if verbose and hvd.rank() == 0:
             say(f"epoch {epoch + 1}/{args.epochs} loss {total / steps_per_epoch:.4f} "

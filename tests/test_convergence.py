@@ -76,6 +76,8 @@ def test_charlm_example_standalone(tmp_path):
     assert "weights identical on all ranks: True" in proc.stdout
     rec = json.loads(log.read_text())
     assert [p["step"] for p in rec["curve"]] == [0, 10, 20]
+    seconds = [p["seconds"] for p in rec["curve"]]  # the training seconds to each point
+    assert seconds[0] == 0.0 < seconds[1] < seconds[2] <= rec["summary"]["seconds"], seconds
     s = rec["summary"]
     assert s["compression"] == "marsit" and s["ranks"] == 2 and s["bytes_kind"] == "measured"
     assert 0 < s["bytes_per_step"] < s["fp32_ring_bytes_per_step"]
@@ -102,3 +104,34 @@ def test_timing_rounds_put_every_configuration_at_every_place_once_after_new_one
     assert all(len(set(a)) > 1 for a in after.values() if len(a) > 1), after
     if count % 2 == 0:
         assert sorted(pairs) == sorted((a, b) for a in every for b in every if a != b)
+
+
+def test_the_time_to_the_target_is_the_timed_runs_seconds_to_that_step():
+    """``add_times``: where the timed runs' curves carry the seconds to each point, the time to
+    the baseline's final quality is the median over the rounds of those seconds at the step that
+    reaches it, plus the setup; a first step that is most of the job counts once, not spread
+    over every step as steps x the mean step would. Records without them keep that estimate."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from convergence import add_times
+
+    def run(method, first, step, setup=0.0, timed=True):  # 4 points of 10 steps each
+        curve = [{"step": 10 * k, **({"seconds": first + (10 * k - 1) * step} if timed else {})}
+                 for k in (1, 2, 3, 4)]
+        return {"task": "t", "rate": "1gbit", "method": method, "curve": curve,
+                "summary": {"seconds": first + 39 * step, "steps": 40, "setup_seconds": setup}}
+
+    timing = [run("none", 5.0, 0.01), run("none", 7.0, 0.01), run("none", 6.0, 0.03),
+              run("marsit", 5.5, 0.012, setup=0.5), run("marsit", 6.5, 0.012, setup=0.5),
+              run("marsit", 6.0, 0.012, setup=0.5), run("old", 6.0, 0.01, timed=False)]
+    rows = [{"task": "t", "method": "none", "steps_to_baseline": 20},
+            {"task": "t", "method": "marsit", "steps_to_baseline": 40},
+            {"task": "t", "method": "old", "steps_to_baseline": 20}]
+    add_times(rows, timing, ["1gbit"])
+    none, marsit, old = (r["times"]["1gbit"] for r in rows)
+    assert none["to_baseline_how"] == marsit["to_baseline_how"] == "timed"
+    assert math.isclose(none["to_baseline_s"], 6.0 + 19 * 0.03)  # the median round's seconds
+    assert math.isclose(marsit["to_baseline_s"], 0.5 + 6.0 + 39 * 0.012)
+    assert math.isclose(marsit["x_none"], marsit["to_baseline_s"] / none["to_baseline_s"])
+    assert old["to_baseline_how"] == "steps x mean step"
+    assert math.isclose(old["to_baseline_s"], 20 * (6.0 + 39 * 0.01) / 40)
