@@ -110,7 +110,8 @@ def test_the_time_to_the_target_is_the_timed_runs_seconds_to_that_step():
     """``add_times``: where the timed runs' curves carry the seconds to each point, the time to
     the baseline's final quality is the median over the rounds of those seconds at the step that
     reaches it, plus the setup; a first step that is most of the job counts once, not spread
-    over every step as steps x the mean step would. Records without them keep that estimate."""
+    over every step as steps x the mean step would. Records without them keep that estimate. The
+    step time is the one held past the first point (the whole run's mean in older records)."""
     import sys
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from convergence import add_times
@@ -135,3 +136,6 @@ def test_the_time_to_the_target_is_the_timed_runs_seconds_to_that_step():
     assert math.isclose(marsit["x_none"], marsit["to_baseline_s"] / none["to_baseline_s"])
     assert old["to_baseline_how"] == "steps x mean step"
     assert math.isclose(old["to_baseline_s"], 20 * (6.0 + 39 * 0.01) / 40)
+    # the step column: the held step, past the first point (the median round's), where timed
+    assert math.isclose(none["step_s"], 0.01) and math.isclose(marsit["step_s"], 0.012)
+    assert math.isclose(old["step_s"], (6.0 + 39 * 0.01) / 40)
