@@ -161,6 +161,9 @@ class Decision:
         self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
         self.light = False  # whether the probe under way runs the close candidates only
         self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
+        # a probe is to begin but waits for a preconditioner's warm-up (``observe``'s
+        # ``warming``): nothing to time until it ends, so agreements may be sparse
+        self.waiting = False
 
     @property
     def threshold(self):
@@ -209,11 +212,16 @@ class Decision:
         (more than 1 after quiet steps, ``hvdcomp.engine.QuietSteps``, which ran the candidate in
         force: they count toward ``revisit`` and ``settle``); ``half``: Horovod summed every
         tensor of the step on every rank (``HALF`` is then a candidate; used once, as
-        ``numels``); ``warming``: None or a callable, true while a probe is to wait (*probe*).
-        The new threshold applies from the next step."""
+        ``numels``); ``warming``: None or a callable, true while a probe is to wait (*probe*;
+        it sets ``waiting``, which ``hvdcomp.engine.QuietSteps`` reads). The new threshold
+        applies from the next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel, half)
-        if self.phase == "fixed" or window == 0:
+        if self.phase == "fixed":
+            return
+        self.waiting = bool(self.phase == "probe" and self.queue is None and warming
+                            and warming())
+        if window == 0:
             return
         if window < 0:
             if self.phase == "probe":
@@ -223,7 +231,7 @@ class Decision:
         self.steps += steps
         if self.phase == "hold":
             self._hold(window, speak)
-        elif self.seen > self.settle and not (self.queue is None and warming and warming()):
+        elif self.seen > self.settle and not self.waiting:
             self._probe(window, speak)
 
     def _begin_probe(self, light=False):

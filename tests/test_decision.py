@@ -362,6 +362,29 @@ def test_the_steps_granted_ahead_are_the_quiet_and_silent_ones_that_follow(every
     assert quiet.ahead(5) == 0
 
 
+def test_while_the_probe_waits_for_adams_warm_up_the_quiet_steps_run_between_sparse_agreements():
+    """``QuietSteps.agreed``: while the decision's probe waits for the user's Adam's warm-up
+    (``Decision.waiting``) there is nothing to time, so the next agreement comes ``EVERY``
+    steps on, not every other step as while the probe times its candidates (``PROBING``); once
+    the warm-up has ended the probe's cadence is back, and the hold's after it."""
+    from types import SimpleNamespace
+
+    from hvdcomp.engine import QuietSteps
+    agreement = SimpleNamespace(all_by_horovod=True)
+    entries = [SimpleNamespace(numel=n) for n in (16384, 2560, 10)]
+    d, quiet, every = Decision("measure", 1024), QuietSteps(), []
+    for step in range(40):
+        d.observe(0.0 if step == 0 else 0.001 if d.threshold == NEVER else 0.030,
+                  [16384, 2560, 10], warming=lambda: step < 10)
+        quiet.agreed(entries, agreement, "propagate", d, 4)
+        every.append((d.waiting, d.phase, quiet.every))
+    assert every[0] == (True, "probe", QuietSteps.EVERY)  # the first step: waiting already
+    assert all(e == QuietSteps.EVERY for w, _, e in every if w) and every[9][0]
+    assert every[10] == (False, "probe", QuietSteps.PROBING)  # the warm-up is over: it times
+    assert every[-1][1] == "hold" and every[-1][2] >= QuietSteps.EVERY
+    assert Decision("measure", 1024).waiting is False  # no warm-up asked about: no wait
+
+
 def test_fixed_modes_and_the_state_round_trip():
     assert feed(Decision("compress", 1024), [0.1] * 20)[-1] == 1024
     assert feed(Decision("pass", 1024), [0.1] * 20)[-1] == NEVER
