@@ -280,10 +280,10 @@ def time_to(steps, rounds):
 
 def add_times(rows, timing, rates):
     """Put on each row, per link rate, its step time (``held_step``: the median over the timing
-    rounds, and each round's), its setup (the median), the time to the baseline's final quality (setup +
-    ``time_to`` its steps to it: a user's job to that quality) and that time as a multiple of
-    Horovod none's and fp16's; and on every row of a task the regime r = (none's step - the
-    ceiling's) / the ceiling's step."""
+    rounds, and each round's), its setup (the median), the time to the baseline's final quality
+    (setup + ``time_to`` its steps to it: a user's job to that quality) and that time as a
+    multiple of Horovod none's and fp16's; and on every row of a task the regime r = (none's
+    step - the ceiling's) / the ceiling's step."""
     for rate in rates:
         for task in dict.fromkeys(r["task"] for r in rows):
             rounds = timed_rounds(timing, task, rate)

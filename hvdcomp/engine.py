@@ -62,10 +62,11 @@ class QuietSteps:
     probes, which then observes a quiet step every other step, but ``EVERY`` while its probe
     waits for the user's Adam's warm-up (``Decision.waiting``: nothing to time; on the emulated
     cluster an agreement every other step doubled those steps, 20-39 ms against Horovod's
-    10-17, session 65); every rank counts the same steps), for a batch of the same size, all by Horovod. Why: after Horovod's allreduce one
-    more collective costs about as much as Horovod's whole allreduce of a small model (4 ranks,
-    digits MLP: 5.4 ms/step under ``hvd.Compression.none``, 9 ms with an agreement every step;
-    one every 16 steps still cost ~0.2 ms/step on this machine, 3 ms each). On the agreed
+    10-17, session 65); every rank counts the same steps), for a batch of the same size, all
+    by Horovod. Why: after Horovod's allreduce one more collective costs about as much as
+    Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4 ms/step under
+    ``hvd.Compression.none``, 9 ms with an agreement every step; one every 16 steps still
+    cost ~0.2 ms/step on this machine, 3 ms each). On the agreed
     steps the checks run as usual (a rank whose batch differs meets the others there, where the
     step numbers differ, and every rank raises) and the decision observes the window of the
     step before (``since``: the steps the observation stands for)."""
