@@ -161,9 +161,6 @@ class Decision:
         self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
         self.light = False  # whether the probe under way runs the close candidates only
         self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
-        # a probe is to begin but waits for a preconditioner's warm-up (``observe``'s
-        # ``warming``): nothing to time until it ends, so agreements may be sparse
-        self.waiting = False
 
     @property
     def threshold(self):
@@ -180,6 +177,7 @@ class Decision:
         """Whether a tensor of ``numel`` elements is compressed this step."""
         return numel >= self.threshold
 
+    waiting = False  # a probe is due but waits for a preconditioner's warm-up (``observe``)
     last_window = 0.0
     _start = _done = _end = None  # this step's start; the last step's (start, typical); its end
 
@@ -279,7 +277,7 @@ class Decision:
         for i in sorted(self.taken, reverse=True):
             if self.medians[i] < self.medians[chosen] * (1 - self.margin):
                 chosen = i
-        rivals = self._within_noise(chosen)
+        rivals = within_noise(self.taken, self.medians, chosen, self.samples)
         if rivals and self.extra < self.retakes:  # noise may have decided: more samples
             self.extra += 1
             self.queue = sorted([chosen, *rivals], key=lambda i: i != self._index())
@@ -308,15 +306,6 @@ class Decision:
         """Put the queue's first candidate in force; it settles unless it is in force."""
         self.seen = self.settle if self.queue[0] == self._index() else 0
         self.current = self.queue[0]
-
-    def _within_noise(self, chosen):
-        """The finalists other than ``chosen`` whose median is closer to its than half the
-        range (max - min) of either one's samples."""
-        def half_range(i):
-            return (max(self.taken[i]) - min(self.taken[i])) / 2
-        return [i for i, w in self.taken.items() if i != chosen and len(w) >= self.samples
-                and abs(self.medians[i] - self.medians[chosen])
-                < max(half_range(i), half_range(chosen))]
 
     def _affordable(self, chosen):
         """The steps after which a full probe like the last one costs ``budget`` of the
@@ -390,6 +379,16 @@ class Decision:
             self.queue = None  # saved mid-probe by a version without rounds: probe again
         if "full_due" not in saved:  # saved before light probes: the next revisit is full
             self.full_due = self.interval - self.seen
+
+
+def within_noise(taken, medians, chosen, samples):
+    """Of the finalists ``taken`` (candidate -> its samples, ``medians`` theirs), those other
+    than ``chosen`` with ``samples`` or more whose median is closer to ``chosen``'s than half
+    the range (max - min) of either one's samples: noise may have decided between them."""
+    def half_range(i):
+        return (max(taken[i]) - min(taken[i])) / 2
+    return [i for i, w in taken.items() if i != chosen and len(w) >= samples
+            and abs(medians[i] - medians[chosen]) < max(half_range(i), half_range(chosen))]
 
 
 def compresses_for_good(decision):
