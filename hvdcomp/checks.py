@@ -37,8 +37,8 @@ OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 # The first value of the header ``agree`` gathers, where it is not a batch's tensor count:
 JOINED = -1.0  # the rank is in hvd.join() (``announce_join``)
 OP_REFUSED = -2.0  # the rank refuses the step's reduction op (``confirm_op_refusal``)
-HEADER = 12  # its length: count, 2 + 2 fingerprints, scale, zeros, their hash, not OK, window,
-#              the step, the entries Horovod does not sum
+HEADER = 13  # its length: count, 2 + 2 fingerprints, scale, zeros, their hash, not OK, window,
+#              the step, the entries Horovod does not sum, the elements summed uncompressed
 
 
 def horovod_world():
@@ -82,26 +82,30 @@ class Agreement(NamedTuple):
     has an entry whose status is not ``OK``; ``absent``, the indices of the entries that are
     all zeros on every rank (a gradient nobody computed: a frozen parameter, an unused branch,
     Horovod's zero fill for a missing gradient); ``window``: the largest rank's ``window``
-    (``hvdcomp.decision``)."""
+    (``hvdcomp.decision``); ``dense_sizes``: every rank's ``dense`` (``agree``), in rank
+    order."""
     flagged: bool
     absent: frozenset
     window: float = 0.0
     all_by_horovod: bool = False
+    dense_sizes: tuple = ()
 
 
-def agree(ctx, entries, who, step, setup, loss_scale=1.0, window=0.0):
+def agree(ctx, entries, who, step, setup, loss_scale=1.0, window=0.0, dense=0):
     """Raise on every rank unless every rank holds the same batch (names, shapes and dtypes, in
     the same order; ``RankMismatchError``) of the same ``step`` and reduces it with the same
     compressor ``setup`` (class and settings; ``SetupMismatchError``) at the same
     ``loss_scale``. One small all-gather when the ranks agree (a second, of one flag per entry,
     only when the ranks' all-zero entries (``entry.zero``) differ). ``window``: a number every
     rank contributes, of which the ``Agreement`` holds the largest; ``all_by_horovod``: whether
-    Horovod sums every entry on every rank (``Entry.by_horovod``). Returns an ``Agreement``."""
+    Horovod sums every entry on every rank (``Entry.by_horovod``); ``dense``: the elements of
+    this rank's uncompressed sum (its OK entries that hvdcomp sums uncompressed), gathered as
+    ``dense_sizes`` for ``same_dense_size``. Returns an ``Agreement``."""
     zeros = [i for i, e in enumerate(entries) if e.zero]
     header = np.asarray([len(entries)] + fingerprint(entries) + fingerprint([], setup)
                         + [loss_scale, len(zeros), _hash26(zeros)]
                         + [sum(e.status != OK for e in entries), window, step,
-                           sum(not e.by_horovod for e in entries)], dtype=np.float64)
+                           sum(not e.by_horovod for e in entries), dense], dtype=np.float64)
     rows = ctx.allgather_array(header)
     _refuse_join(rows, ctx, who, step)
     if not (rows[:, 10] == rows[0, 10]).all():
@@ -117,7 +121,7 @@ def agree(ctx, entries, who, step, setup, loss_scale=1.0, window=0.0):
             flags = ctx.allgather_array([e.zero for e in entries], dtype=np.uint8)
             absent = frozenset(np.flatnonzero(flags.all(axis=0)).tolist())
         return Agreement(bool(rows[:, 8].any()), absent, float(rows[:, 9].max()),
-                         not rows[:, 11].any())
+                         not rows[:, 11].any(), tuple(rows[:, 12].astype(np.int64).tolist()))
     if not (rows[:, 3:5] == rows[0, 3:5]).all():
         setups = ctx.allgather_object(setup)
         raise SetupMismatchError(

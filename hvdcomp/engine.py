@@ -22,8 +22,11 @@
    added to what it sends (``carry_memories``), the preconditioner's ``before`` and the
    method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state
    committed);
-4. gather scalars: one all-gather of every tensor's status and the method's scalars (none when
-   nothing is compressed and every status is OK: a batch of small tensors costs one all-gather);
+4. gather scalars: one all-gather of every tensor's status, the method's scalars and the size
+   of the uncompressed sum, only where some rank has a tensor that is not OK, the method has
+   scalars (Marsit, EF-signSGD, BinSGDM) or a memory was carried; otherwise the agreement's
+   all-gather carried the sizes (TopK, SketchFusion and PowerSGD steps, and batches of small
+   tensors, cost one all-gather of hvdcomp's checks);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
 6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float MPI
    all-reduce for the dense ones (``reduce_dense``); the preconditioner's ``after``; the results multiplied by
@@ -478,7 +481,8 @@ class StepEngine:
             self.decision.begin()  # where no compress() came first (graph front ends)
         self.atypical = self._classify(entries) or (self.atypical and not first)
         agreed = checks.agree(ctx, entries, name, self.step, self.describe(), self.scale,
-                              self.decision.last_window if first else 0.0)
+                              self.decision.last_window if first else 0.0,
+                              dense=dense_elements(entries))
         if first:
             self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
                                   steps=self.quiet.since(), warming=lambda: warming(self, entries),
@@ -501,11 +505,7 @@ class StepEngine:
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
             scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
                                  else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
-        bad, all_scalars = [], None
-        # else every status is OK everywhere, nothing is to send and the dense sum is the
-        # gradients' own sizes, agreed (a carried memory may add to it: checked too)
-        if big or agreed.flagged or carried:
-            bad, all_scalars = gather_checked(self, ctx, entries, small, scalars)
+        bad, all_scalars = check_batch(self, ctx, agreed, (entries, small), scalars, carried)
         if bad:
             if ctx.rank == 0:
                 report_nonfinite(self, [(r, entries[i].key) for r, i in bad])
@@ -653,6 +653,24 @@ def send_messages(engine, passed):
         e.work, new_state = stepaside.message(engine.method, e.work, e.key, engine.store)
         engine.store.put(e.key, new_state)
     return live
+
+
+def dense_elements(entries):
+    """The elements of this rank's uncompressed sum of ``entries`` (classified, step 1), as the
+    agreement carries them: its OK entries that hvdcomp sums uncompressed."""
+    return sum(e.numel for e in entries if not e.by_horovod and e.dense and e.status == checks.OK)
+
+
+def check_batch(engine, ctx, agreed, batch, scalars, carried):
+    """Steps 4-5 of the module docstring for ``batch`` (the entries, and those summed
+    uncompressed): ``(bad, every rank's scalars)``. ``gather_checked``'s all-gather only where
+    the agreement flagged a status that is not OK, a memory was ``carried`` (it may change a
+    size) or the method has ``scalars`` to send; else every status is OK everywhere and the
+    sizes the agreement carried are checked."""
+    if agreed.flagged or carried or scalars.size:
+        return gather_checked(engine, ctx, *batch, scalars)
+    checks.same_dense_size(agreed.dense_sizes, engine.method.name, engine.step, ctx.rank)
+    return [], np.zeros((ctx.size,) + scalars.shape)
 
 
 def gather_checked(engine, ctx, entries, small, scalars):

@@ -95,31 +95,30 @@ class Hierarchical:
         self.kernel_modules = getattr(method, "kernel_modules", ())
         self.whole = getattr(method, "node_shares", "elements") == "tensors"
         self.hierarchy = None  # the Hierarchy, found at the first compressed batch or carry
-        self._rows = None
         # between prepare and reduce: (shard batch, per-tensor shard bounds, per-tensor offsets
         # in the node vectors, indices of the tensors with a shard on this rank)
         self._pending = None
-        self._memory = None  # the node's NodeMemory
+        self._memory = None  # the node's NodeMemory (where the stages may apply)
+        # whether the stages apply: several nodes of several ranks, each sharing its memory
+        self._staged = False
 
     def layout(self, ctx):
         """The ``Hierarchy`` over ``ctx`` when the stages apply there, else None (collective
-        the first time for each ``ctx``)."""
+        the first time for each ``ctx``: the layout, and where the stages may apply, the
+        node's shared memory and, unless MPI's shared-memory domains are the nodes, whether
+        every node has it)."""
         if self.hierarchy is None or self.hierarchy.parent is not ctx:
             hier = Hierarchy(ctx)
-            where = ctx.comm.allgather((hier.node, hier.local_rank))
-            self._rows = [r for _, r in sorted((n, r) for r, (n, lr) in enumerate(where)
-                                                if lr == hier.local_rank)]
-            self._memory = NodeMemory(hier.intra)
+            self._memory, self._staged = None, False
+            if hier.nodes > 1 and hier.local_size > 1 and not hier.flat_fallback:
+                self._memory = NodeMemory(hier.intra, hier.shares_memory)
+                self._staged = (hier.shares_memory
+                                or all(ctx.allgather_object(self._memory.usable)))
             self.hierarchy = hier
-            self._shared = all(ctx.allgather_object(self._memory.usable))
             if ctx.rank == 0:
                 log.info("%s: %s, %s", self.name, hier.describe(),
-                         "intra-/inter-node stages" if self._staged() else "flat")
-        return self.hierarchy if self._staged() else None
-
-    def _staged(self):
-        h = self.hierarchy
-        return h.nodes > 1 and h.local_size > 1 and not h.flat_fallback and self._shared
+                         "intra-/inter-node stages" if self._staged else "flat")
+        return self.hierarchy if self._staged else None
 
     def prepare(self, batch):
         hier = self.layout(batch.ctx)
@@ -166,7 +165,7 @@ class Hierarchical:
         result = mem.result()
         if kept:
             before = hier.inter.stats.snapshot()
-            rows = np.asarray(scalars)[self._rows][:, kept]
+            rows = np.asarray(scalars)[hier.peers][:, kept]
             for i, shard, out in zip(kept, inner.entries, self.inner.reduce(inner, rows)):
                 if out is not shard.into:  # the method made its own array
                     shard.into[...] = xp.to_host(out).reshape(-1)

@@ -182,6 +182,19 @@ def test_hierarchy_legs_and_layouts_on_4_ranks():
             assert m["exact_where_certain"] and m["noisy"] > 3000
             assert m["z_max"] < 5.5 and 0.8 < m["z2_mean"] < 1.2     # unbiased
     assert "node sizes [3, 1]" in res[0]["uneven31"]["warned"][0]
+    # The layout every rank holds: intra = its node's ranks in rank order, inter = the ranks of
+    # its local rank in node order (``peers``, what the staged methods index scalars with);
+    # MPI's shared-memory domain serves as intra where it finds the nodes (one machine here).
+    for name, nodes in (("2x2", [[0, 1], [2, 3]]), ("shared", [[0, 1, 2, 3]]),
+                        ("1x4", [[0, 1, 2, 3]]), ("4x1", [[0], [1], [2], [3]]),
+                        ("uneven31", [[0], [1], [2], [3]])):
+        for rank, r in res.items():
+            h = r[name]
+            mine = next(n for n in nodes if rank in n)
+            peers = [n[mine.index(rank)] for n in nodes]
+            assert h["node"] == nodes.index(mine) and h["local_rank"] == mine.index(rank), name
+            assert h["intra_ranks"] == mine and h["inter_ranks"] == h["peers"] == peers, name
+            assert h["shares_memory"] == (True if name == "shared" else None), name
 
 
 @pytest.mark.timeout(400)

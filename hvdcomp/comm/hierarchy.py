@@ -128,16 +128,23 @@ def _ranks_per_node(arg):
 
 
 def _node_of_ranks(ctx, ranks_per_node):
-    """Node index of every rank (a list, identical on every rank; a collective)."""
+    """``(node index of every rank, domain)``: the list is identical on every rank (a
+    collective); ``domain`` is this rank's shared-memory communicator
+    (``Split_type(COMM_TYPE_SHARED)``, its ranks ordered as in ``ctx``) where the nodes are
+    MPI's shared-memory domains, else None (``ranks_per_node`` groups consecutive ranks). A
+    node's leader is its lowest rank, found through the domain's group (local), so the nodes
+    cost one split and one all-gather."""
     if ranks_per_node is not None:
-        return [r // ranks_per_node for r in range(ctx.size)]
+        return [r // ranks_per_node for r in range(ctx.size)], None
     from mpi4py import MPI
-    shared = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
-    leader = shared.allreduce(ctx.rank, op=MPI.MIN)
-    shared.Free()
+    domain = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
+    mine, world = domain.Get_group(), ctx.comm.Get_group()
+    leader = MPI.Group.Translate_ranks(mine, [0], world)[0]
+    mine.Free()
+    world.Free()
     leaders = ctx.comm.allgather(leader)
     order = sorted(set(leaders))
-    return [order.index(lead) for lead in leaders]
+    return [order.index(lead) for lead in leaders], domain
 
 
 class Hierarchy:
@@ -146,14 +153,17 @@ class Hierarchy:
 
     Attributes: ``nodes``, ``node``, ``local_size``, ``local_rank``, ``node_sizes`` (the sizes
     found, before any fallback), ``flat_fallback`` (True when uneven nodes were flattened),
-    ``intra``/``inter`` (``CommContext``s with per-leg ``stats``).
+    ``intra``/``inter`` (``CommContext``s with per-leg ``stats``), ``peers`` (the ranks of
+    ``ctx`` in this rank's ``inter`` group, in node order), ``shares_memory`` (True where
+    ``intra`` is MPI's shared-memory domain; None where the nodes were given). Built with two
+    splits (the domain and ``inter``) and one all-gather where MPI finds the nodes.
     """
 
     def __init__(self, ctx, ranks_per_node=None, uneven="flat", align=8):
         if uneven not in ("flat", "error"):
             raise ValueError(f"uneven must be 'flat' or 'error', got {uneven!r}")
         self.parent, self.align = ctx, int(align)
-        node_of = _node_of_ranks(ctx, _ranks_per_node(ranks_per_node))
+        node_of, domain = _node_of_ranks(ctx, _ranks_per_node(ranks_per_node))
         members = {}
         for r, n in enumerate(node_of):
             members.setdefault(n, []).append(r)
@@ -174,8 +184,24 @@ class Hierarchy:
         self.node = node_of[ctx.rank]
         self.nodes = len(set(node_of))
         self.local_size = ctx.size // self.nodes
-        self.local_rank = sum(1 for r in range(ctx.rank) if node_of[r] == self.node)
-        self.intra = CommContext(ctx.comm.Split(self.node, ctx.rank), CommStats())
+        seen, local_rank = {}, []
+        for n in node_of:  # each rank's place among its node's ranks, in rank order
+            local_rank.append(seen.get(n, 0))
+            seen[n] = local_rank[-1] + 1
+        self.local_rank = local_rank[ctx.rank]
+        # the ranks of this rank's inter group (one per node, the same local rank), node order
+        self.peers = sorted((r for r in range(ctx.size) if local_rank[r] == self.local_rank),
+                            key=node_of.__getitem__)
+        # whether the ranks of ``intra`` share memory: True where it is the domain itself;
+        # None where the nodes were given (``ranks_per_node``): NodeMemory finds out
+        self.shares_memory = True if domain is not None and not self.flat_fallback else None
+        if self.shares_memory:
+            intra = domain  # the node's ranks in ctx's order: what the split would give
+        else:
+            if domain is not None:
+                domain.Free()
+            intra = ctx.comm.Split(self.node, ctx.rank)
+        self.intra = CommContext(intra, CommStats())
         self.inter = CommContext(ctx.comm.Split(self.local_rank, self.node), CommStats())
 
     def describe(self):
@@ -339,9 +365,12 @@ class NodeMemory:
     (e.g. ``HVDCOMP_RANKS_PER_NODE`` grouping ranks of different machines); then
     ``hvdcomp.hierarchical`` runs the method flat. Collective over ``intra`` where noted."""
 
-    def __init__(self, intra):
+    def __init__(self, intra, shares_memory=None):
         from mpi4py import MPI
         self.intra, self.cap, self.win, self.views = intra, 0, None, None
+        if shares_memory:  # ``intra`` is a shared-memory domain (``Hierarchy.shares_memory``)
+            self.usable = True
+            return
         shared = intra.comm.Split_type(MPI.COMM_TYPE_SHARED, key=intra.rank)
         self.usable = bool(intra.comm.allreduce(int(shared.Get_size() == intra.size), op=MPI.MIN))
         shared.Free()

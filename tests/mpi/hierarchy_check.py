@@ -103,7 +103,12 @@ def run_layout(name, rpn, uneven="flat"):
         h = Hierarchy(ctx, ranks_per_node=rpn, uneven=uneven)
     res = {"describe": h.describe(), "nodes": h.nodes, "local_size": h.local_size,
            "node_sizes": h.node_sizes, "flat_fallback": h.flat_fallback,
-           "warned": [str(w.message) for w in caught]}
+           "warned": [str(w.message) for w in caught], "peers": h.peers,
+           "shares_memory": h.shares_memory, "local_rank": h.local_rank, "node": h.node,
+           "intra_ranks": MPI.Group.Translate_ranks(h.intra.comm.Get_group(),
+                                                    list(range(h.intra.size)), world.Get_group()),
+           "inter_ranks": MPI.Group.Translate_ranks(h.inter.comm.Get_group(),
+                                                    list(range(h.inter.size)), world.Get_group())}
     for n in (0, 1, 13, 1001):  # odd lengths, fewer elements than shards
         x = votes(n, n)
         got = h.allreduce(x, *one_bit_codec(0), out_dtype=small_int_dtype(size))

@@ -1,0 +1,61 @@
+"""Rank script (2 ranks): the all-gathers of hvdcomp's checks per compressed step, for every
+method, through the stock hvd.DistributedOptimizer (decision='compress', on_nonfinite='skip').
+Each ``CommContext.allgather_array`` call is counted by the function that made it
+(``agree``: the batch agreement; ``gather_checked``: the statuses and the method's scalars).
+Reported per method: ``<m>.counts`` over STEPS steps, ``<m>.identical`` (bit-identical
+parameters on every rank after them), then one step with a NaN in rank 1's gradient:
+``<m>.nan_counts`` and ``<m>.nan_unchanged`` (every parameter as before that step, on every
+rank: the step was skipped everywhere)."""
+import collections
+import sys
+
+import torch
+import horovod.torch as hvd
+
+from hvdcomp import registry
+from hvdcomp.comm.context import CommContext
+from report import report
+from torch_common import identical_across_ranks
+
+STEPS = 4
+hvd.init()
+rank = hvd.rank()
+calls = collections.Counter()
+_gather = CommContext.allgather_array
+
+
+def counted(self, *args, **kwargs):
+    calls[sys._getframe(1).f_code.co_name] += 1
+    return _gather(self, *args, **kwargs)
+
+
+CommContext.allgather_array = counted
+out = {}
+for m, cls in registry.METHODS.items():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    comp = cls(seed=1, decision="compress", on_nonfinite="skip", **registry.EXPECT[m].test_kwargs)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=[(f"{m}.{n}", p)
+                                                     for n, p in model.named_parameters()],
+                                   compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(rank))
+    for step in range(STEPS + 1):
+        if step == 1:  # the first step sets up (layouts, ...): counted from the second on
+            calls.clear()
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    out[f"{m}.counts"] = {k: calls[k] for k in ("agree", "gather_checked")}
+    out[f"{m}.identical"] = identical_across_ranks(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    calls.clear()
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    if rank == 1:
+        model[0].weight.grad[0, 0] = float("nan")
+    opt.step()
+    out[f"{m}.nan_counts"] = {k: calls[k] for k in ("agree", "gather_checked")}
+    out[f"{m}.nan_unchanged"] = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+report(rank=rank, **out)
