@@ -7,10 +7,14 @@ decision's log on, its choice and the exchange window of each candidate.
     mpirun -np 2 --oversubscribe .venv/bin/python benchmarks/keras_steps.py marsit   # or none
     benchmarks/cluster.sh run --per-host 2 -- .venv/bin/python benchmarks/keras_steps.py marsit
 
-Environment: ``EPOCHS`` (default 20), ``OPTIMIZER`` (``adam``, the recipe's, or ``sgd``: Keras
-SGD at lr 0.1, to tell Adam's part of a step from the rest). Sessions 57 and 61's readings are in
+The method is Horovod's ``none``/``fp16`` or a registry preset, with ``@key=value`` overrides in
+Python literals (``"topk@decision='compress'"``). Environment: ``EPOCHS`` (default 20),
+``OPTIMIZER`` (``adam``, the recipe's, or ``sgd``: Keras SGD at lr 0.1, to tell Adam's part of a
+step from the rest), ``STEPS_SHOWN`` (default 0): also print the first that many steps' times
+and the median and p90 of steps 2 on. Sessions 57, 61 and 67's readings are in
 benchmarks/time_to_accuracy.md.
 """
+import ast
 import logging
 import os
 import sys
@@ -35,8 +39,12 @@ def main():
     method, epochs = sys.argv[1], int(os.environ.get("EPOCHS", 20))
     tf.keras.utils.set_random_seed(0)
     (xs, ys), _ = data(hvd.rank(), hvd.size())
-    compression = (getattr(hvd.Compression, method) if method in ("none", "fp16")
-                   else registry.build(method))
+    if method in ("none", "fp16"):
+        compression = getattr(hvd.Compression, method)
+    else:
+        name, *given = method.split("@")
+        compression = registry.build(name, **{k: ast.literal_eval(v) for k, v in
+                                              (kv.split("=", 1) for kv in given)})
     model = make_model()
     optimizer = (tf.keras.optimizers.SGD(0.1) if os.environ.get("OPTIMIZER") == "sgd"
                  else tf.keras.optimizers.Adam(1e-3))
@@ -56,6 +64,10 @@ def main():
               f"{ms[1:per_epoch].sum() / 1e3:.3f} s; epochs 2-{epochs} median "
               f"{np.median(ms[per_epoch:]):.1f} ms, sum {ms[per_epoch:].sum() / 1e3:.2f} s",
               flush=True)
+        shown = int(os.environ.get("STEPS_SHOWN", 0))
+        if shown:
+            print("STEPS", " ".join(f"{x:.1f}" for x in ms[:shown]), "| median 2-end",
+                  f"{np.median(ms[1:]):.2f} | p90 {np.percentile(ms[1:], 90):.2f}", flush=True)
 
 
 if __name__ == "__main__":
