@@ -258,24 +258,30 @@ class ThroughAdam:
 
     def after(self, entries, reduced, store, phase):
         self.inner.after(entries, reduced, store, phase)
-        for e in entries:
-            if e.adam is not None and e.status == checks.OK:
+        for e in entries:  # a message Horovod sums lands as it is handed back (Runtime.stepped)
+            if e.adam is not None and e.status == checks.OK and not e.by_horovod:
                 self._landing.append((e.adam, kept_copy(store, f"{e.key}#u", reduced[e.key])))
 
     def land(self):
         self.inner.land()
         for moments, u in self._landing:
-            if not moments.started():
-                continue  # no state yet (see above)
-            t, b1, b2 = moments.steps() + 1, moments.beta1, moments.beta2
-            target = (1.0 - b2 ** t) / (1.0 - b1 ** t) ** 2
-            moments.set_exp_avg(u)
-            moments.set_exp_avg_sq((target - (1.0 - b2) * u * u) / b2)
+            drive_adam(moments, u)
         self._landing = []
 
     def drop(self):
         self.inner.drop()
         self._landing = []
+
+
+def drive_adam(moments, u):
+    """Set the user's Adam ``moments`` (the adapters' ``AdamMoments``) so that its coming update
+    is ``lr * u`` (``ThroughAdam``; flat ``u``, copied); nothing where Adam has no state yet."""
+    if not moments.started():
+        return
+    t, b1, b2 = moments.steps() + 1, moments.beta1, moments.beta2
+    target = (1.0 - b2 ** t) / (1.0 - b1 ** t) ** 2
+    moments.set_exp_avg(u)
+    moments.set_exp_avg_sq((target - (1.0 - b2) * u * u) / b2)
 
 
 def make(spec, under_adam="momentum"):

@@ -15,10 +15,12 @@ updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of `
 What is sent: the *message* ``[u, s, 1, z]`` (``numel + 3`` elements, float32, or the gradient's
 float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros), summed exactly, by
 Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
-torch optimizers other than Adam, one batch per step, unscaled gradients), overlapping the
-backward pass as Horovod's allreduce of the gradient does; else by the step engine's float sum
-(``hvdcomp.engine``). From the reduced message ``r`` (the mean times Horovod's op factor ``f``,
-which the constant 1 carries) the step is ``r[:n]`` (``f`` times the mean direction) under Adam
+torch optimizers, one batch per step, unscaled gradients; under Adam since session 67, its
+moments set as the step is handed back, ``hvdcomp.facade.runtime.Runtime.stepped``),
+overlapping the backward pass as Horovod's allreduce of the gradient does; else by the step
+engine's float sum (``hvdcomp.engine``: TensorFlow, LayerFusion, scaled gradients). From the
+reduced message ``r`` (the mean times Horovod's op factor ``f``, which the constant 1 carries)
+the step is ``r[:n]`` (``f`` times the mean direction) under Adam
 (``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it) or for a direct
 allreduce, and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
 scale) under SGD: exactly the expectation of the compressed step, without its variance, the
@@ -35,7 +37,9 @@ rank; each tensor's as its result is handed back (a step that raises between two
 the earlier ones'), where the step engine commits a step's state at once. On a step that hvdcomp
 does not agree on (``hvdcomp.engine.QuietSteps``, NaN propagated), a tensor with a non-finite
 gradient on some rank thus keeps its state on every rank while the others' advance, where an
-agreed step under ``on_nonfinite='propagate'`` keeps every tensor's state.
+agreed step under ``on_nonfinite='propagate'`` keeps every tensor's state; its step is NaN in
+every element (the direction ``u`` of a rank whose gradient was not finite may be finite, as
+its moments are held: only ``r[n]`` shows it), as Horovod's own sum would hand the NaN on.
 """
 import math
 

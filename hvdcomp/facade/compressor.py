@@ -362,18 +362,17 @@ def horovod_sums(runtime, tensor, adapter, ident):
     collective), and hvdcomp still holds each tensor to the batch's agreement and finiteness
     verdict."""
     return (runtime.hands_to_horovod(math.prod(tensor.shape), ident.name,
-                                     lambda: _message_summable(adapter, ident))
+                                     _message_summable)
             and getattr(adapter, "horovod_may_sum", None) is not None
             and adapter.horovod_may_sum(tensor, ident))
 
 
-def _message_summable(adapter, ident):
+def _message_summable():
     """Whether Horovod's allreduce may sum the message of a method that steps aside
-    (``hvdcomp.stepaside``): a gradient of an optimizer other than Adam (whose moments are set
-    as the step lands, ``hvdcomp.preconditioning.ThroughAdam``), not scaled for mixed precision
-    (the state is kept of unscaled gradients, ``hvdcomp.loss_scale``)."""
-    return (getattr(adapter, "adam_moments", lambda ident: None)(ident) is None
-            and loss_scale.current() == 1.0)
+    (``hvdcomp.stepaside``): a gradient not scaled for mixed precision (the state is kept of
+    unscaled gradients, ``hvdcomp.loss_scale``). Under the user's Adam the moments are set as
+    the message's step is handed back (``Runtime.stepped``)."""
+    return loss_scale.current() == 1.0
 
 
 def _placeholder(adapter, tensor):

@@ -92,17 +92,24 @@ class Runtime:
 
     def stepped(self, entry, output, fill):
         """``entry``'s step (a tensor like its gradient) from Horovod's reduced message
-        ``output`` (``message``), or ``fill`` in every element (a skipped step); the held state
-        is committed where every rank's gradient was finite, the tensor not absent (zero on
-        every rank: a zero step) and the step not skipped."""
+        ``output`` (``message``), or ``fill`` in every element (a skipped step), or NaN where
+        some rank's gradient was not finite (the message's direction need not show it); the
+        held state is committed where every rank's gradient was finite, the tensor not absent
+        (zero on every rank: a zero step) and the step not skipped; then, under the user's
+        Adam, its moments are set so that its update is ``lr`` times the step (as
+        ``hvdcomp.preconditioning.ThroughAdam`` lands a step the engine reduced)."""
         new_state = self.held.pop(entry.key)
         reduced = entry.adapter.working(output, "float32")
         if fill is not None or stepaside.absent(reduced, entry.numel):
             return entry.restore(np.full(entry.numel, fill or 0.0, dtype=np.float32))
-        if stepaside.finite(reduced, entry.numel):
-            self.store.put(entry.key, new_state)
-            self.store.commit()
-        return entry.restore(stepaside.step(reduced, entry))
+        if not stepaside.finite(reduced, entry.numel):  # NaN, as Horovod's own sum hands on
+            return entry.restore(np.full(entry.numel, np.nan, dtype=np.float32))
+        self.store.put(entry.key, new_state)
+        self.store.commit()
+        step = stepaside.step(reduced, entry)
+        if entry.adam is not None:  # the user's Adam updates by lr * step (ThroughAdam)
+            preconditioning.drive_adam(entry.adam, step)
+        return entry.restore(step)
 
     def returns_step(self):
         """The setting whose result is the step itself (``checks.inner_optimizer``), or None:
