@@ -9,7 +9,6 @@ or ``Class@key=value@...`` with Python literals (``"SketchFusion@ratio=0.1@rows=
 class spec trains with the example's default optimizer and rate for Marsit unless the example's
 options set them. SEEDS=0,1,2 runs each spec per seed (default 0). Rank 0 prints one line per run.
 """
-import ast
 import importlib
 import os
 import sys
@@ -17,6 +16,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "examples"), ROOT]
 from hvdcomp import registry  # noqa: E402
+from methods import parse_spec  # noqa: E402
 
 
 def main():
@@ -25,8 +25,7 @@ def main():
     specs, rest = sys.argv[2:cut], sys.argv[cut + 1:]
     for spec in specs:
         if spec not in example.COMPRESSIONS:
-            name, *given = spec.split("@")
-            kwargs = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in given)}
+            name, kwargs = parse_spec(spec)
             example.COMPRESSIONS[spec] = (lambda cls=registry.METHODS[name], kw=kwargs: cls(**kw))
             example.DEFAULTS[spec] = example.DEFAULTS["marsit"]
     example.hvd.init()

@@ -14,7 +14,6 @@ step from the rest), ``STEPS_SHOWN`` (default 0): also print the first that many
 and the median and p90 of steps 2 on. Sessions 57, 61 and 67's readings are in
 benchmarks/time_to_accuracy.md.
 """
-import ast
 import logging
 import os
 import sys
@@ -30,6 +29,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from hvdcomp import registry  # noqa: E402
 from train_tf import data, make_model  # noqa: E402
+from methods import parse_spec  # noqa: E402
 
 
 def main():
@@ -42,9 +42,8 @@ def main():
     if method in ("none", "fp16"):
         compression = getattr(hvd.Compression, method)
     else:
-        name, *given = method.split("@")
-        compression = registry.build(name, **{k: ast.literal_eval(v) for k, v in
-                                              (kv.split("=", 1) for kv in given)})
+        name, settings = parse_spec(method)
+        compression = registry.build(name, **settings)
     model = make_model()
     optimizer = (tf.keras.optimizers.SGD(0.1) if os.environ.get("OPTIMIZER") == "sgd"
                  else tf.keras.optimizers.Adam(1e-3))

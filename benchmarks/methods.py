@@ -1,6 +1,7 @@
 """The methods every benchmark compares: Horovod's own fp32 and fp16, and every hvdcomp method
 (``hvdcomp/registry.py``), for either framework; and what the training-step benchmarks
 (``train_step_bench.py``, ``tf_step_bench.py``) share: their common arguments and records."""
+import ast
 import json
 import os
 import statistics
@@ -23,6 +24,14 @@ def make_compression(method, hvd):
         return hvd.Compression.fp16
     name, *given = method.split("@")  # e.g. 'Marsit@hierarchy=flat@fusion=auto'
     return registry.METHODS[name](**dict(kv.split("=", 1) for kv in given))
+
+
+def parse_spec(spec):
+    """``(name, settings)`` of a spec ``Name@key=value@...`` whose values are Python literals
+    (``"SketchFusion@ratio=0.1@rows=1"``, ``"topk@decision='compress'"``); ``make_compression``
+    takes its values as strings instead."""
+    name, *given = spec.split("@")
+    return name, {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in given)}
 
 
 def add_step_args(ap):
