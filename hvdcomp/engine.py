@@ -23,10 +23,11 @@
    method's ``prepare`` (local work and the per-tensor scalars, nothing communicated, no state
    committed);
 4. gather scalars: one all-gather of every tensor's status, the method's scalars and the size
-   of the uncompressed sum, only where some rank has a tensor that is not OK, the method has
-   scalars (Marsit, EF-signSGD, BinSGDM) or a memory was carried; otherwise the agreement's
-   all-gather carried the sizes (TopK, SketchFusion and PowerSGD steps, and batches of small
-   tensors, cost one all-gather of hvdcomp's checks);
+   of the uncompressed sum, only where some rank has a tensor that is not OK or a memory was
+   carried; otherwise the agreement's all-gather carried the sizes, and the method's scalars
+   (Marsit, EF-signSGD, BinSGDM) are gathered alone, without waiting: the gather completes
+   where the method reads them, after its own collective (``check_batch``; a compressed step
+   waits on one all-gather of hvdcomp's checks);
 5. check: ``checks.verdict`` raises on every rank, or asks for the step to be skipped;
 6. reduce or dense: the method's ``reduce`` for compressed tensors, one fused float MPI
    all-reduce for the dense ones (``reduce_dense``); the preconditioner's ``after``; the results multiplied by
@@ -48,6 +49,7 @@ import numpy as np
 from hvdcomp import checks, feedback, kernels, loss_scale, stepaside
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
+from hvdcomp.comm.context import Gathered
 from hvdcomp.decision import compresses_for_good
 from hvdcomp.stats import StepStats, ring_bytes
 
@@ -518,9 +520,12 @@ class StepEngine:
                     for e in entries], big
         reduced = {e.key: unapplied(e, e.work, False, self.on_nonfinite) for e in absent}
         aside = send_messages(self, passed) if self.aside else ()
-        if big:
-            reduced.update(zip((e.key for e in big),
-                               self.method.reduce(Batch(self, ctx, big), all_scalars)))
+        try:
+            if big:
+                reduced.update(zip((e.key for e in big),
+                                   self.method.reduce(Batch(self, ctx, big), all_scalars)))
+        finally:
+            all_scalars.wait()  # a gather in flight completes (check_batch)
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
         for e in aside:  # their messages' means (hvdcomp.stepaside)
             reduced[e.key] = stepaside.step(reduced[e.key], e)
@@ -663,14 +668,21 @@ def dense_elements(entries):
 
 def check_batch(engine, ctx, agreed, batch, scalars, carried):
     """Steps 4-5 of the module docstring for ``batch`` (the entries, and those summed
-    uncompressed): ``(bad, every rank's scalars)``. ``gather_checked``'s all-gather only where
-    the agreement flagged a status that is not OK, a memory was ``carried`` (it may change a
-    size) or the method has ``scalars`` to send; else every status is OK everywhere and the
-    sizes the agreement carried are checked."""
-    if agreed.flagged or carried or scalars.size:
-        return gather_checked(engine, ctx, *batch, scalars)
+    uncompressed): ``(bad, every rank's scalars)``, the latter a ``Gathered`` of shape
+    ``(ranks,) + scalars.shape``. ``gather_checked``'s all-gather only where the agreement
+    flagged a status that is not OK or a memory was ``carried`` (it may change a size); else
+    every status is OK everywhere, the sizes the agreement carried are checked, and the
+    method's ``scalars`` (where it has some) are gathered alone, started here and completed
+    where the method reads them (after its own collective, which the gather's round trip then
+    overlaps)."""
+    if agreed.flagged or carried:
+        bad, gathered = gather_checked(engine, ctx, *batch, scalars)
+        return bad, Gathered.of(gathered)
     checks.same_dense_size(agreed.dense_sizes, engine.method.name, engine.step, ctx.rank)
-    return [], np.zeros((ctx.size,) + scalars.shape)
+    if not scalars.size:
+        return [], Gathered.of(np.zeros((ctx.size,) + scalars.shape))
+    shape = (ctx.size,) + scalars.shape
+    return [], ctx.iallgather_array(scalars.reshape(-1)).then(lambda a: a.reshape(shape))
 
 
 def gather_checked(engine, ctx, entries, small, scalars):

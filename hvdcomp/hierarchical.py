@@ -165,7 +165,7 @@ class Hierarchical:
         result = mem.result()
         if kept:
             before = hier.inter.stats.snapshot()
-            rows = np.asarray(scalars)[hier.peers][:, kept]
+            rows = scalars.then(lambda every: every[hier.peers][:, kept])
             for i, shard, out in zip(kept, inner.entries, self.inner.reduce(inner, rows)):
                 if out is not shard.into:  # the method made its own array
                     shard.into[...] = xp.to_host(out).reshape(-1)

@@ -16,15 +16,15 @@ of the facade that users pass as ``compression=`` (``hvdcomp.facade``) or of the
   rank that draws it;
 - ``batch.phase(name)``: a timer (``'encode'``, ``'comm'``, ``'decode'``) for ``last_stats``.
 
-It provides ``prepare(batch)`` (local work, and ``n_scalars`` floats per tensor that every rank
-then receives from every other in one all-gather) and ``reduce(batch, scalars)`` (the reduced
-step of each entry, flat, in entry order; new state staged in the store), ``settings()`` (its
-own constructor arguments, which every rank must agree on and a checkpoint records) and class
-attributes that tell the shared mechanisms how to wrap it (below). ``seed`` and
-``preconditioner`` are common settings the runtime gives it before its first batch. Each process
-set a compressor serves runs its own shallow copy of the method (``hvdcomp.facade.runtime``):
-what a method derives from its set (a node layout) it assigns to its own attributes, and it
-keeps no mutable container shared between copies.
+It provides ``prepare(batch)`` (local work, and ``n_scalars`` floats per tensor that every rank then
+receives from every other in one all-gather, which overlaps the method's collective) and
+``reduce(batch, scalars)`` (the reduced step of each entry, flat, in entry order; new state staged
+in the store), ``settings()`` (its own constructor arguments, which every rank must agree on and a
+checkpoint records) and class attributes that tell the shared mechanisms how to wrap it (below).
+``seed`` and ``preconditioner`` are common settings the runtime gives it before its first batch.
+Each process set a compressor serves runs its own shallow copy of the method
+(``hvdcomp.facade.runtime``): what a method derives from its set (a node layout) it assigns to its
+own attributes, and it keeps no mutable container shared between copies.
 
 What wraps a method, written once each: error feedback (``hvdcomp.feedback``, which its
 ``reduce`` calls to keep the residual), preconditioning (``hvdcomp.preconditioning``: what a rank
@@ -80,8 +80,10 @@ class Method:
 
     def reduce(self, batch, scalars):
         """The mean over ranks of each entry (flat, on the entry's device), in entry order;
-        ``scalars``: every rank's, shape ``(size, len(batch.entries), n_scalars)``. Stages the
-        new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
+        ``scalars``: every rank's, shape ``(size, len(batch.entries), n_scalars)``, indexed as
+        an array (a ``hvdcomp.comm.context.Gathered``: its all-gather may still be in flight,
+        and the first read waits for it, so read it after the method's own collective). Stages
+        the new state with ``batch.store.put`` (or ``hvdcomp.feedback.keep``)."""
         raise NotImplementedError
 
     def under_sgd_momentum(self, momentum):

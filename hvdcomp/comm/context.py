@@ -61,6 +61,21 @@ class CommContext:
         self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
         return out
 
+    def iallgather_array(self, local, dtype=np.float64):
+        """``allgather_array`` started without waiting for it: a ``Gathered`` whose ``wait()``
+        returns the (size, len) array. Every rank starts it at the same point of its
+        collectives on this communicator; MPI progresses it inside the calls that follow (on
+        any communicator), so its round trip overlaps theirs."""
+        local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
+        out = np.empty((self.size, local.size), dtype=dtype)
+        request = self.comm.Iallgather(local, out)
+        self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
+
+        def complete(buffers=(local, out)):  # the buffers live until the gather is done
+            request.Wait()
+            return buffers[1]
+        return Gathered(complete)
+
     def allgather_object(self, obj):
         """Gather a picklable object from every rank (for error reports, not for hot paths)."""
         return self.comm.allgather(obj)
@@ -73,6 +88,34 @@ class CommContext:
         """A sub-context over the ranks with the same ``color``, ordered by ``key``; it shares
         this context's byte counters."""
         return CommContext(self.comm.Split(color, key), self.stats)
+
+
+class Gathered:
+    """Every rank's rows of an all-gather (``CommContext.iallgather_array``), or a value made
+    from them, available once the gather completes: ``wait()`` completes it (the first call;
+    then it returns the same array), and indexing or ``np.asarray`` waits. ``then(f)``: the
+    value ``f`` makes of it, completed with it. ``Gathered.of(array)``: one already complete."""
+
+    def __init__(self, complete):
+        self._complete, self._value = complete, None
+
+    @classmethod
+    def of(cls, array):
+        return cls(lambda: array)
+
+    def wait(self):
+        if self._complete is not None:
+            self._value, self._complete = self._complete(), None
+        return self._value
+
+    def then(self, f):
+        return Gathered(lambda: f(self.wait()))
+
+    def __getitem__(self, index):
+        return self.wait()[index]
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.wait(), dtype=dtype)
 
 
 def free_at_exit(obj):

@@ -1,7 +1,8 @@
 """Rank script (2 ranks): the all-gathers of hvdcomp's checks per compressed step, for every
 method, through the stock hvd.DistributedOptimizer (decision='compress', on_nonfinite='skip').
-Each ``CommContext.allgather_array`` call is counted by the function that made it
-(``agree``: the batch agreement; ``gather_checked``: the statuses and the method's scalars).
+Each ``CommContext.allgather_array`` call (it waits) is counted by the function that made it
+(``agree``: the batch agreement; ``gather_checked``: the statuses and the method's scalars), and
+each ``iallgather_array`` call (it does not: the method's scalars alone) as ``check_batch``.
 Reported per method: ``<m>.counts`` over STEPS steps, ``<m>.identical`` (bit-identical
 parameters on every rank after them), then one step with a NaN in rank 1's gradient:
 ``<m>.nan_counts`` and ``<m>.nan_unchanged`` (every parameter as before that step, on every
@@ -21,15 +22,18 @@ STEPS = 4
 hvd.init()
 rank = hvd.rank()
 calls = collections.Counter()
-_gather = CommContext.allgather_array
+COUNTED = ("agree", "gather_checked", "check_batch")
 
 
-def counted(self, *args, **kwargs):
-    calls[sys._getframe(1).f_code.co_name] += 1
-    return _gather(self, *args, **kwargs)
+def counted(gather):
+    def call(self, *args, **kwargs):
+        calls[sys._getframe(1).f_code.co_name] += 1
+        return gather(self, *args, **kwargs)
+    return call
 
 
-CommContext.allgather_array = counted
+CommContext.allgather_array = counted(CommContext.allgather_array)
+CommContext.iallgather_array = counted(CommContext.iallgather_array)
 out = {}
 for m, cls in registry.METHODS.items():
     torch.manual_seed(0)
@@ -47,7 +51,7 @@ for m, cls in registry.METHODS.items():
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
-    out[f"{m}.counts"] = {k: calls[k] for k in ("agree", "gather_checked")}
+    out[f"{m}.counts"] = {k: calls[k] for k in COUNTED}
     out[f"{m}.identical"] = identical_across_ranks(model)
     before = [p.detach().clone() for p in model.parameters()]
     calls.clear()
@@ -56,6 +60,6 @@ for m, cls in registry.METHODS.items():
     if rank == 1:
         model[0].weight.grad[0, 0] = float("nan")
     opt.step()
-    out[f"{m}.nan_counts"] = {k: calls[k] for k in ("agree", "gather_checked")}
+    out[f"{m}.nan_counts"] = {k: calls[k] for k in COUNTED}
     out[f"{m}.nan_unchanged"] = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 report(rank=rank, **out)
