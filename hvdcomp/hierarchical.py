@@ -7,7 +7,8 @@ Where the job has several nodes with the same number L > 1 of ranks each (the la
 ranks per node), one batch's compressed tensors are reduced in three stages:
 
 1. intra reduce-scatter (in ``prepare``), through the node's shared memory
-   (``hvdcomp.comm.hierarchy.NodeMemory``): every rank writes its working vectors there once;
+   (``hvdcomp.comm.hierarchy.NodeMemory``): every rank writes there the parts of its working
+   vectors that the other local ranks sum (its own shard it reads from its gradient);
    every tensor of n elements is cut into L shards (``shard_bounds``, 8-element aligned so 1-bit
    messages of a shard are whole bytes), and local rank r sums shard r of every tensor over the
    node's ranks (float32, in local-rank order) and divides it by L: its node's mean of that shard;
@@ -27,8 +28,9 @@ Every rank gets the same numbers: each shard's result is computed alike by its i
 method's result is identical on the ranks of its group) and then copied. What leaves a node per
 step is the method's traffic for n/L elements among N ranks, once per local rank: about the
 method's traffic for n elements among N ranks (a 1-bit ring: 2 (N-1)/N bits per element), and
-its sequential hops grow with N, not N*L. Inside the node each rank writes 4n bytes to shared
-memory and reads 4n, and encodes/decodes n/L elements instead of n.
+its sequential hops grow with N, not N*L. Inside the node each rank writes 4n (L-1)/L bytes of
+input and 4n/L of result to shared memory and reads 4n (L-1)/L of input and 4n of result, and
+encodes/decodes n/L elements instead of n.
 
 A method whose math needs a tensor's shape (PowerSGD's matrices: ``node_shares = 'tensors'``)
 is given whole tensors instead of element shards: each tensor's node mean goes to one local
@@ -132,17 +134,22 @@ class Hierarchical:
         offsets = np.concatenate([[0], np.cumsum([e.numel for e in batch.entries])])
         mem.reserve(int(offsets[-1]))
         vectors = mem.inputs()
-        for e, off in zip(batch.entries, offsets):
-            vectors[r][off:off + e.numel] = xp.to_host(e.work).reshape(-1)
+        hosts = [xp.to_host(e.work).reshape(-1) for e in batch.entries]
+        for host, b, off in zip(hosts, bounds, offsets):  # the shards the other ranks sum
+            own_lo, own_hi = off + b[r], off + b[r + 1]
+            vectors[r][off:own_lo] = host[:b[r]]
+            vectors[r][own_hi:off + host.size] = host[b[r + 1]:]
         mem.barrier()  # every local rank's vector is in
         shards, kept, result = [], [], mem.result()
-        for i, (e, b, off) in enumerate(zip(batch.entries, bounds, offsets)):
+        for i, (e, host, b, off) in enumerate(zip(batch.entries, hosts, bounds, offsets)):
             lo, hi = off + b[r], off + b[r + 1]
-            if hi > lo:
-                node_mean = np.add(vectors[0][lo:hi], vectors[1][lo:hi],
-                                   out=batch.store.scratch(e.key + NODE_MEAN, vectors[0][lo:hi]))
-                for v in vectors[2:]:
-                    node_mean += v[lo:hi]  # in local-rank order
+            if hi > lo:  # this rank's own shard is read from its gradient, not written and read
+                parts = [host[b[r]:b[r + 1]] if q == r else v[lo:hi]
+                         for q, v in enumerate(vectors)]
+                node_mean = np.add(parts[0], parts[1],
+                                   out=batch.store.scratch(e.key + NODE_MEAN, parts[0]))
+                for part in parts[2:]:
+                    node_mean += part  # in local-rank order
                 node_mean /= np.float32(L)
                 if self.whole:  # the method sees the tensor's shape (PowerSGD's matrices)
                     node_mean = node_mean.reshape(e.shape)
