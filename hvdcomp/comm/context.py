@@ -55,10 +55,8 @@ class CommContext:
     def allgather_array(self, local, dtype=np.float64):
         """Gather a 1-D array of the same length and ``dtype`` (float64 by default, e.g. uint8
         for packed bits) from every rank: shape (size, len)."""
-        local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
-        out = np.empty((self.size, local.size), dtype=dtype)
+        local, out = self._gather_buffers(local, dtype)
         self.comm.Allgather(local, out)
-        self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
         return out
 
     def iallgather_array(self, local, dtype=np.float64):
@@ -66,15 +64,21 @@ class CommContext:
         returns the (size, len) array. Every rank starts it at the same point of its
         collectives on this communicator; MPI progresses it inside the calls that follow (on
         any communicator), so its round trip overlaps theirs."""
-        local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
-        out = np.empty((self.size, local.size), dtype=dtype)
+        local, out = self._gather_buffers(local, dtype)
         request = self.comm.Iallgather(local, out)
-        self.stats.add(local.nbytes * max(self.size - 1, 0), local.nbytes * max(self.size - 1, 0))
 
         def complete(buffers=(local, out)):  # the buffers live until the gather is done
             request.Wait()
             return buffers[1]
         return Gathered(complete)
+
+    def _gather_buffers(self, local, dtype):
+        """The buffers of an all-gather of ``local``: it as a contiguous 1-D ``dtype`` array,
+        and the ``(size, len)`` array to fill; the bytes it moves are counted."""
+        local = np.ascontiguousarray(local, dtype=dtype).reshape(-1)
+        moved = local.nbytes * max(self.size - 1, 0)
+        self.stats.add(moved, moved)
+        return local, np.empty((self.size, local.size), dtype=dtype)
 
     def allgather_object(self, obj):
         """Gather a picklable object from every rank (for error reports, not for hot paths)."""
