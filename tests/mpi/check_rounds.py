@@ -6,14 +6,19 @@ each ``iallgather_array`` call (it does not: the method's scalars alone) as ``ch
 Reported per method: ``<m>.counts`` over STEPS steps, ``<m>.identical`` (bit-identical
 parameters on every rank after them), then one step with a NaN in rank 1's gradient:
 ``<m>.nan_counts`` and ``<m>.nan_unchanged`` (every parameter as before that step, on every
-rank: the step was skipped everywhere)."""
+rank: the step was skipped everywhere). Then ``iallgather_array`` with a ring all-reduce run
+between its start and its completion (``iallgather``, ``iallgather_then``, beside
+``allgather_array``'s rows and the ring's sum)."""
 import collections
 import sys
+
+import numpy as np
 
 import torch
 import horovod.torch as hvd
 
 from hvdcomp import registry
+from hvdcomp.comm import get_context, ring_allreduce
 from hvdcomp.comm.context import CommContext
 from report import report
 from torch_common import identical_across_ranks
@@ -62,4 +67,14 @@ for m, cls in registry.METHODS.items():
     opt.step()
     out[f"{m}.nan_counts"] = {k: calls[k] for k in COUNTED}
     out[f"{m}.nan_unchanged"] = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+# A gather started without waiting, a ring all-reduce on the same communicator in between, then
+# its completion: every rank's rows, as allgather_array gives them.
+ctx = get_context()
+pending = ctx.iallgather_array(np.arange(3) + 10 * rank)
+shaped = pending.then(lambda rows: rows.reshape(ctx.size, 3, 1))
+ring = ring_allreduce(ctx, np.full(1000, rank + 1.0, dtype=np.float32))
+out["iallgather"] = pending.wait().tolist()
+out["iallgather_then"] = float(shaped[1, 2, 0])
+out["allgather"] = ctx.allgather_array(np.arange(3) + 10 * rank).tolist()
+out["ring"] = float(ring[0])
 report(rank=rank, **out)
