@@ -136,9 +136,9 @@ class Hierarchical:
         vectors = mem.inputs()
         hosts = [xp.to_host(e.work).reshape(-1) for e in batch.entries]
         for host, b, off in zip(hosts, bounds, offsets):  # the shards the other ranks sum
-            own_lo, own_hi = off + b[r], off + b[r + 1]
-            vectors[r][off:own_lo] = host[:b[r]]
-            vectors[r][own_hi:off + host.size] = host[b[r + 1]:]
+            lo, hi = off + b[r], off + b[r + 1]  # this rank's own shard, which it keeps
+            vectors[r][off:lo] = host[:b[r]]
+            vectors[r][hi:off + host.size] = host[b[r + 1]:]
         mem.barrier()  # every local rank's vector is in
         shards, kept, result = [], [], mem.result()
         for i, (e, host, b, off) in enumerate(zip(batch.entries, hosts, bounds, offsets)):
