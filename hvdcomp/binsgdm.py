@@ -119,6 +119,9 @@ class BinSGDM(Method):
         self.ranks_per_node = validate.optional_count("ranks_per_node", ranks_per_node, 1)
         self.uneven = validate.choice("uneven", uneven, ("flat", "error"))
         self.hierarchy = None  # the node layout in use (``layout``)
+        # per tensor key, (v, its total) as the fused kernels summed it when they wrote that v:
+        # the next step's scale reads the total instead of v (``committed_total``)
+        self.v_totals = {}
         kernels.warm("votes")
 
     def settings(self):
@@ -150,16 +153,31 @@ class BinSGDM(Method):
             from hvdcomp.kernels import votes as kv
             m, v = store.get(key) or (None, None)
             moments = tuple(store.spare(key, work, part) for part in (0, 1))
-            kv.moments_direction(work, m, v, *_constants(work, (b1, b2), self.eps), *moments,
-                                 out)
+            v_total = kv.moments_direction(work, m, v, *_constants(work, (b1, b2), self.eps),
+                                           *moments, out, np.empty(alg.LANES))
+            self.v_totals[key] = (moments[1], v_total)
         else:
             moments = alg.update_moments(work, store.get(key, like=work), b1, b2)
             out[...] = alg.direction(*moments, self.eps)
-        return alg.total(moments[1]) / max(int(work.shape[0]), 1), moments
+            v_total = alg.total(moments[1])
+        return v_total / max(int(work.shape[0]), 1), moments
+
+    def committed_total(self, key, v):
+        """``alg.total(v)`` of tensor ``key``'s committed normaliser ``v``: the total the fused
+        kernels summed as they wrote this very array (``v_totals``; each write into an array
+        records its new total, so a recorded array holds what was summed), else summed now."""
+        recorded = self.v_totals.get(key)
+        return recorded[1] if recorded is not None and recorded[0] is v else alg.total(v)
 
     def prepare(self, batch):
-        return [[alg.normaliser_mean(e.work, batch.store.get(e.key), self.betas_in_use[1])
-                 if stepaside.under_sgd(e) else 0.0] for e in batch.entries]
+        scales = []
+        for e in batch.entries:
+            state = batch.store.get(e.key)
+            scales.append([alg.normaliser_mean(
+                e.work, state, self.betas_in_use[1],
+                None if state is None else self.committed_total(e.key, state[1]))
+                if stepaside.under_sgd(e) else 0.0])
+        return scales
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.layout(batch.ctx)
@@ -170,7 +188,8 @@ class BinSGDM(Method):
         host = FusedPath if kernels.on("votes") else ReferencePath
         with batch.phase("encode"):
             votes = path.votes(batch, self.betas_in_use, self.eps,
-                               batch.key(self.seed, batch.step, ctx.rank, alg.VOTE))
+                               batch.key(self.seed, batch.step, ctx.rank, alg.VOTE),
+                               self.v_totals)
             votes = votes.astype(small_int_dtype(hier.local_size), copy=False)
 
         def encode(node_sum, shard):
@@ -203,10 +222,10 @@ class BinSGDM(Method):
         out, off = [], 0
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
-                step = path.mean(total[off:off + e.numel], ctx.size, e)
-                if stepaside.under_sgd(e):  # SGD's: the vote times the ranks' mean v
-                    xp.multiply(step, float(np.sum(scalars[:, i, 0]) / ctx.size), out=step)
-                out.append(step)
+                # under SGD the vote times the ranks' mean v
+                scale = (float(np.sum(scalars[:, i, 0]) / ctx.size) if stepaside.under_sgd(e)
+                         else None)
+                out.append(path.mean(total[off:off + e.numel], ctx.size, e, scale))
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
@@ -222,9 +241,9 @@ class ReferencePath:
     (``hvdcomp.algorithms.binsgdm``) that ``FusedPath`` reproduces bit for bit."""
 
     @staticmethod
-    def votes(batch, betas, eps, key):
+    def votes(batch, betas, eps, key, v_totals):
         """Sets every entry's new ``moments``; returns the batch's votes (host int8, fused in
-        entry order)."""
+        entry order). ``v_totals``: ``BinSGDM.v_totals``, which the fused path records into."""
         for e in batch.entries:
             e.moments = alg.update_moments(e.work, batch.store.get(e.key, like=e.work), *betas)
         u = xp.concat([alg.direction(m, v, eps) for m, v in (e.moments for e in batch.entries)],
@@ -246,10 +265,13 @@ class ReferencePath:
         return alg.node_votes_total(bits, weight, dtype)
 
     @staticmethod
-    def mean(total, size, entry):
+    def mean(total, size, entry, scale):
         """``entry``'s step, the mean vote ``total / size`` (float32, like its ``work``) of its
-        slice ``total`` of the vote totals."""
-        return alg.mean_vote(total, size, like=entry.work)
+        slice ``total`` of the vote totals, times ``scale`` (a float, or None: 1)."""
+        step = alg.mean_vote(total, size, like=entry.work)
+        if scale is not None:
+            xp.multiply(step, scale, out=step)
+        return step
 
 
 PROBABILITIES = "#p"  # the store's scratch key of the vote probabilities of a block of elements
@@ -273,7 +295,7 @@ class FusedPath:
     the same numbers, one pass each."""
 
     @staticmethod
-    def votes(batch, betas, eps, key):
+    def votes(batch, betas, eps, key, v_totals):
         from hvdcomp.kernels import votes as kv
         dtype = batch.entries[0].work.dtype.type
         consts = _constants(batch.entries[0].work, betas, eps)
@@ -282,11 +304,12 @@ class FusedPath:
                                         sum(e.numel for e in batch.entries)).view(np.int8)
         block = batch.store.scratch_bytes(
             PROBABILITIES, kv.PROBABILITY_BLOCK * np.dtype(dtype).itemsize).view(dtype)
-        off = 0
+        off, lanes = 0, np.empty(alg.LANES)
         for e in batch.entries:
             m, v = batch.store.get(e.key) or (None, None)
             e.moments = tuple(batch.store.spare(e.key, e.work, part) for part in (0, 1))
-            kv.moments_votes(e.work, m, v, *consts, *words, off, *e.moments, block, out)
+            v_totals[e.key] = (e.moments[1], kv.moments_votes(
+                e.work, m, v, *consts, *words, off, *e.moments, block, out, lanes))
             off += e.numel
         return out
 
@@ -306,10 +329,12 @@ class FusedPath:
         return out
 
     @staticmethod
-    def mean(total, size, entry):
+    def mean(total, size, entry, scale):
         """Written into the user's gradient where allowed (the votes were drawn from it: it is
-        read no more, ``hvdcomp.engine.Entry.result_buffer``)."""
+        read no more, ``hvdcomp.engine.Entry.result_buffer``), the scale applied in the same
+        pass (in the step's dtype, as the reference's multiply)."""
         from hvdcomp.kernels import votes as kv
         out = entry.result_buffer(entry.work, done_reading=True)
-        kv.mean_vote(np.ascontiguousarray(total), size, out)
+        kv.mean_vote(np.ascontiguousarray(total), size,
+                     out.dtype.type(1.0 if scale is None else scale), out)
         return out

@@ -280,3 +280,19 @@ def test_world_of_one_rank(elastic):
     assert r["sent"] == 0 and r["legs"] == {"intra": 0, "inter": 0}
     assert r["mean_times_size"] == [-1.0, 1.0] and r["error"] is None
     assert r["trained_through_compressor"] == elastic
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 100_003])
+def test_total_sums_lanes_in_order(n):
+    """``total`` of a host array is defined by its lanes (``LANES``): lane l sums the elements
+    i % LANES == l in order, and the lanes are added in order; a torch tensor's is its sum."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+    lanes = [0.0] * alg.LANES
+    for i, value in enumerate(x.tolist()):
+        lanes[i % alg.LANES] += value
+    want = 0.0
+    for lane in lanes:
+        want += lane
+    assert alg.total(x) == want
+    assert alg.total(torch.from_numpy(x)) == pytest.approx(want, rel=1e-5, abs=1e-3)

@@ -208,8 +208,8 @@ def test_training_is_bit_identical_with_either_path(name):
 @pytest.mark.parametrize("first", [True, False])
 def test_binsgdm_moments_and_votes_match_the_reference(n, first):
     """One pass of ``votes.moments_votes`` = update_moments + direction + binarise (the votes
-    drawn from the counter stream at the fused position), bit for bit, at an offset, with any
-    size of the probabilities' block buffer."""
+    drawn from the counter stream at the fused position), and the total of the new v, bit for
+    bit, at an offset, with any size of the probabilities' block buffer."""
     from hvdcomp.algorithms import binsgdm as bs
     from hvdcomp.backend import stochastic
     from hvdcomp.kernels import votes as kv
@@ -224,17 +224,18 @@ def test_binsgdm_moments_and_votes_match_the_reference(n, first):
     words = [np.uint32(w) for w in stochastic.words(key)]
     for block in (g.size, 3, kv.PROBABILITY_BLOCK):  # whole, odd-sized and the kernel's blocks
         got, m_out, v_out = np.full(n + off, 7, np.int8), np.empty_like(g), np.empty_like(g)
-        kv.moments_votes(g, *(state or (None, None)), *c, *words, off, m_out, v_out,
-                         np.empty(block, g.dtype), got)
+        v_total = kv.moments_votes(g, *(state or (None, None)), *c, *words, off, m_out, v_out,
+                                   np.empty(block, g.dtype), got, np.full(bs.LANES, 5.0))
         assert _same(m_out, m) and _same(v_out, v) and _same(got[off:], want[off:]), block
+        assert v_total == bs.total(v), block
         assert (got[:off] == 7).all()
 
 
 @pytest.mark.parametrize("n", [1, 9, 100_003])
 @pytest.mark.parametrize("first", [True, False])
 def test_binsgdm_moments_and_direction_match_the_reference(n, first):
-    """``votes.moments_direction`` (BinSGDM's step aside) = update_moments + direction, bit for
-    bit."""
+    """``votes.moments_direction`` (BinSGDM's step aside) = update_moments + direction, and the
+    total of the new v, bit for bit."""
     from hvdcomp.algorithms import binsgdm as bs
     from hvdcomp.kernels import votes as kv
     g, _ = _vectors(n, np.float32, 6)
@@ -243,8 +244,10 @@ def test_binsgdm_moments_and_direction_match_the_reference(n, first):
     m, v = bs.update_moments(g, state, b1, b2)
     c = [np.float32(x) for x in (b1, 1 - b1, b2, 1 - b2, eps)]
     m_out, v_out, u_out = np.empty_like(g), np.empty_like(g), np.empty_like(g)
-    kv.moments_direction(g, *(state or (None, None)), *c, m_out, v_out, u_out)
+    v_total = kv.moments_direction(g, *(state or (None, None)), *c, m_out, v_out, u_out,
+                                   np.full(bs.LANES, 5.0))
     assert _same(m_out, m) and _same(v_out, v) and _same(u_out, bs.direction(m, v, eps))
+    assert v_total == bs.total(v)
 
 
 @pytest.mark.parametrize("node_size,nodes", [(1, 2), (2, 2), (3, 4)])
@@ -268,8 +271,12 @@ def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes
     kv.node_totals(messages, n, node_size, got)
     assert _same(got, want)
     mean = np.empty(n, np.float32)
-    kv.mean_vote(want, nodes * node_size, mean)
+    kv.mean_vote(want, nodes * node_size, np.float32(1.0), mean)
     assert _same(mean, bs.mean_vote(want, nodes * node_size))
+    scaled = bs.mean_vote(want, nodes * node_size)
+    np.multiply(scaled, 0.0123, out=scaled)  # the reference's scale under SGD (a Python float)
+    kv.mean_vote(want, nodes * node_size, np.float32(0.0123), mean)
+    assert _same(mean, scaled)
 
 
 @pytest.mark.parametrize("n,cols,rows", [(50_000, 2000, 5), (12_345, 700, 3), (999, 1000, 4),

@@ -46,11 +46,12 @@ def update_moments(g, state, b1, b2):
 BLOCK = 1 << 16  # elements per block of a host sum of |g| (no full-size temporary)
 
 
-def normaliser_mean(g, state, b2):
+def normaliser_mean(g, state, b2, v_total=None):
     """The mean of ``v`` after gradient ``g`` (``update_moments``'s, without computing it), a
     Python float: ``mean|g|`` at the first step, else ``b2 mean(v) + (1-b2) mean|g|``. Averaged
     over the ranks it is the scale of the step under SGD (``hvdcomp.binsgdm``). Host arrays are
-    read in blocks: nothing gradient-sized is allocated."""
+    read in blocks: nothing gradient-sized is allocated. ``v_total``: ``total(state[1])`` where
+    the caller knows it already (else it is summed here)."""
     n = max(int(g.shape[0]), 1)
     if is_torch(g):
         g_mean = float(g.abs().sum()) / n
@@ -59,13 +60,32 @@ def normaliser_mean(g, state, b2):
                      for i in range(0, g.shape[0], BLOCK)) / n
     if state is None:
         return g_mean
-    return b2 * total(state[1]) / n + (1 - b2) * g_mean  # state[1]: v >= 0
+    if v_total is None:
+        v_total = total(state[1])  # state[1]: v >= 0
+    return b2 * v_total / n + (1 - b2) * g_mean
+
+
+LANES = 16  # the lanes of a host array's ``total``
 
 
 def total(x):
-    """The sum of the elements of ``x`` (a torch tensor or a numpy array; numpy sums in
-    float64) as a Python float."""
-    return float(x.sum()) if is_torch(x) else float(np.sum(x, dtype=np.float64))
+    """The sum of the elements of ``x`` as a Python float: a torch tensor's own ``sum``; a 1-D
+    NumPy array's in float64, in *lanes*: lane ``l`` is the sum of the elements ``i`` with
+    ``i % LANES == l`` taken in order, and the total adds lanes 0, 1, ... in order. That order is
+    the fused kernels' (``hvdcomp.kernels.votes``), which sum the moment ``v`` as they write it
+    (a pass over ``v`` saved per step), so both paths give the same bits."""
+    if is_torch(x):
+        return float(x.sum())
+    x = np.asarray(x).reshape(-1)
+    full = x.shape[0] - x.shape[0] % LANES
+    # a reduction over axis 0 of a C-ordered (rows, LANES) array adds its rows in order
+    lanes = np.zeros(LANES) if full == 0 else np.sum(x[:full].reshape(-1, LANES), axis=0,
+                                                     dtype=np.float64)
+    lanes[:x.shape[0] - full] += x[full:]
+    out = 0.0
+    for lane in lanes.tolist():  # in order (Python's sum() compensates: another order)
+        out += lane
+    return out
 
 
 def direction(m, v, eps):

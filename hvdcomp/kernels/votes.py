@@ -17,6 +17,7 @@ Outputs go to the buffers the caller gives.
 import numba
 import numpy as np
 
+from hvdcomp.algorithms.binsgdm import LANES
 from hvdcomp.kernels import JIT_OPTIONS as _JIT
 from hvdcomp.kernels.signs import VOTE_BLOCK, count_bits
 
@@ -76,20 +77,49 @@ def _moments_probabilities(g, m, v, b1, omb1, b2, omb2, eps, one, half, m_out, v
         p[i] = _probability(mi, vi, eps, one, half)
 
 
+@numba.njit(inline="always", **_JIT)
+def _add_to_lanes(x, start, lanes):
+    """Adds ``x[j]`` (in float64) to ``lanes[(start + j) % LANES]``, in order: the lanes of
+    ``hvdcomp.algorithms.binsgdm.total`` for a slice of an array that starts at element
+    ``start``. The whole groups of ``LANES`` go in a loop LLVM vectorises."""
+    n = x.shape[0]
+    head = min((LANES - start % LANES) % LANES, n)
+    for j in range(head):
+        lanes[(start + j) % LANES] += np.float64(x[j])
+    body = head + (n - head) // LANES * LANES
+    for lo in range(head, body, LANES):
+        for lane in range(LANES):
+            lanes[lane] += np.float64(x[lo + lane])
+    for j in range(body, n):
+        lanes[(start + j) % LANES] += np.float64(x[j])
+
+
+@numba.njit(inline="always", **_JIT)
+def _lanes_total(lanes):
+    out = 0.0
+    for lane in range(LANES):
+        out += lanes[lane]
+    return out
+
+
 @numba.njit(**_JIT)
-def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out, p, votes):
+def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out, p, votes,
+                  lanes):
     """BinSGDM's encode of one tensor: ``m_out, v_out`` = the new moments (``m``, ``v`` None:
     the first step, ``g`` and ``|g|``), ``u = clip(m / (v + eps), -1, 1)``, ``p = (u + 1) / 2``
-    and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``. ``p`` is a work buffer of
-    any length >= 1: the elements go in blocks of ``len(p)``, each in two loops (the moments
-    and probabilities, then the draws), each of which LLVM vectorises (as one loop neither is:
-    2x slower); a block's probabilities stay in cache (``PROBABILITY_BLOCK``) instead of making
-    a round trip through memory. Every loop indexes zero-based slices (no negative-index
+    and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``; returns the sum of the new
+    ``v`` (``hvdcomp.algorithms.binsgdm.total``; ``lanes``: a float64 work buffer of
+    ``LANES``). ``p`` is a work buffer of any length >= 1: the elements go in blocks of
+    ``len(p)``, each in two loops (the moments and probabilities, then the draws), each of which
+    LLVM vectorises (as one loop neither is: 2x slower); a block's probabilities (and new ``v``,
+    summed) stay in cache (``PROBABILITY_BLOCK``) instead of making a round trip through memory.
+    Every loop indexes zero-based slices (no negative-index
     checks). The scalars are the reference's float32 constants (``omb1 = 1 - b1`` rounded,
     ...); ``w0``, ``w1`` the stream's words (uint32). ``U < p`` is tested as
     ``k < p * 2**24`` (exact: a power-of-two scaling of both sides)."""
     one, half = g.dtype.type(1.0), g.dtype.type(0.5)
     n, block = g.shape[0], p.shape[0]
+    lanes[:] = 0.0
     for lo in range(0, n, block):
         k = min(block, n - lo)
         gb, mo, vo, pb = g[lo:lo + k], m_out[lo:lo + k], v_out[lo:lo + k], p[:k]
@@ -98,23 +128,43 @@ def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out
         else:
             _moments_probabilities(gb, m[lo:lo + k], v[lo:lo + k], b1, omb1, b2, omb2, eps, one,
                                    half, mo, vo, pb)
+        _add_to_lanes(vo, lo, lanes)
         vts = votes[offset + lo:offset + lo + k]
         for i in range(k):
             d = np.float32(_draw(offset + lo + i, w0, w1))
             vts[i] = np.int8(1) if d < pb[i] * _SCALE else np.int8(-1)
+    return _lanes_total(lanes)
 
 
-@numba.njit(**_JIT)
-def moments_direction(g, m, v, b1, omb1, b2, omb2, eps, m_out, v_out, u_out):
-    """BinSGDM's step aside (``hvdcomp.stepaside``) for one tensor: ``m_out, v_out`` = the new
-    moments (``m``, ``v`` None: the first step) and ``u_out = clip(m / (v + eps), -1, 1)``, the
-    reference's float operations (``moments_votes``' without the draws)."""
-    one = g.dtype.type(1.0)
+@numba.njit(inline="always", **_JIT)
+def _moments_direction(g, m, v, b1, omb1, b2, omb2, eps, one, m_out, v_out, u_out):
     for i in range(g.shape[0]):
         mi, vi = _moments(g[i], m, v, i, b1, omb1, b2, omb2, one)
         m_out[i] = mi
         v_out[i] = vi
         u_out[i] = _direction(mi, vi, eps, one)
+
+
+@numba.njit(**_JIT)
+def moments_direction(g, m, v, b1, omb1, b2, omb2, eps, m_out, v_out, u_out, lanes):
+    """BinSGDM's step aside (``hvdcomp.stepaside``) for one tensor: ``m_out, v_out`` = the new
+    moments (``m``, ``v`` None: the first step) and ``u_out = clip(m / (v + eps), -1, 1)``, the
+    reference's float operations (``moments_votes``' without the draws); returns the sum of the
+    new ``v`` as ``moments_votes`` does, in blocks of ``PROBABILITY_BLOCK`` summed while in
+    cache."""
+    one = g.dtype.type(1.0)
+    n = g.shape[0]
+    lanes[:] = 0.0
+    for lo in range(0, n, PROBABILITY_BLOCK):
+        k = min(PROBABILITY_BLOCK, n - lo)
+        mo, vo, uo = m_out[lo:lo + k], v_out[lo:lo + k], u_out[lo:lo + k]
+        if m is None:
+            _moments_direction(g[lo:lo + k], None, None, b1, omb1, b2, omb2, eps, one, mo, vo, uo)
+        else:
+            _moments_direction(g[lo:lo + k], m[lo:lo + k], v[lo:lo + k], b1, omb1, b2, omb2, eps,
+                               one, mo, vo, uo)
+        _add_to_lanes(vo, lo, lanes)
+    return _lanes_total(lanes)
 
 
 def rebinarise_thresholds(node_size):
@@ -156,11 +206,13 @@ def node_totals(messages, n, node_size, out):
 
 
 @numba.njit(**_JIT)
-def mean_vote(total, size, out):
-    """``out[i] = float32(float64(total[i]) / size)``: the reference's operations (vectorised)."""
+def mean_vote(total, size, scale, out):
+    """``out[i] = float32(float64(total[i]) / size) * scale``: the reference's operations (the
+    mean vote, then, under SGD, times the float32 ``scale``; 1 leaves it as it is;
+    vectorised)."""
     divisor = np.float64(size)
     for i in range(total.shape[0]):
-        out[i] = np.float32(np.float64(total[i]) / divisor)
+        out[i] = np.float32(np.float64(total[i]) / divisor) * scale
 
 
 def warm(dtype):
@@ -168,9 +220,10 @@ def warm(dtype):
     g = np.ones(16, dtype)
     votes, w = np.zeros(16, np.int8), np.uint32(1)
     c = dtype(0.5)
+    lanes = np.zeros(LANES)
     for m in (None, g):
-        moments_votes(g, m, m, c, c, c, c, c, w, w, 0, g.copy(), g.copy(), g.copy(), votes)
-        moments_direction(g, m, m, c, c, c, c, c, g.copy(), g.copy(), g.copy())
+        moments_votes(g, m, m, c, c, c, c, c, w, w, 0, g.copy(), g.copy(), g.copy(), votes, lanes)
+        moments_direction(g, m, m, c, c, c, c, c, g.copy(), g.copy(), g.copy(), lanes)
     rebinarise_packed(votes, 2, rebinarise_thresholds(2), w, w, np.zeros(2, np.uint8))
     node_totals(np.zeros((2, 2), np.uint8), 16, 2, votes)
-    mean_vote(votes, 2, np.zeros(16, np.float32))
+    mean_vote(votes, 2, np.float32(1.0), np.zeros(16, np.float32))
