@@ -43,7 +43,6 @@ its moments are held: only ``r[n]`` shows it), as Horovod's own sum would hand t
 """
 import math
 
-from hvdcomp.backend import xp
 
 
 def applies(method):
@@ -53,9 +52,11 @@ def applies(method):
 
 def message(method, work, key, store):
     """``([u, s, 1, z]`` like ``work`` (numel + 3), the new state) of ``work`` (the rank's flat
-    working gradient of tensor ``key``) and its state in ``store`` (``exact_parts``)."""
+    working gradient of tensor ``key``) and its state in ``store`` (``exact_parts``). The
+    message is written into ``store.outgoing``'s buffer: Horovod sums it in place and its step is
+    a view of it, so it is reused once the user's gradient no longer holds it."""
     n = work.shape[0]
-    sent = xp.empty_like(work, n + 3)
+    sent = store.outgoing(key + "#message", work, n + 3)
     s, new_state = method.exact_parts(work, key, store, sent[:n])
     zero = n == 0 or (float(work[0]) == 0.0 and not bool(work.any()))
     sent[n], sent[n + 1], sent[n + 2] = s, 1.0, float(zero)

@@ -52,3 +52,34 @@ def test_a_value_that_shares_an_array_with_its_successor_is_not_a_spare():
     _step(store, "s", (m, v))
     _step(store, "s", (m, np.zeros(2)))  # m updated in place and kept
     assert store.spare("s", like, 0) is not m
+
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_an_outgoing_buffer_is_handed_out_again_only_once_nobody_holds_it():
+    store, like = StateStore(), np.zeros(4, np.float32)
+    first = store.outgoing("w#message", like, 7)
+    assert first.shape == (7,) and first.dtype == np.float32
+    kept = _address(first)
+    view = first[:4]  # e.g. the step handed back as the gradient
+    del first
+    second = store.outgoing("w#message", like, 7)  # the view holds the first: a new one
+    assert not np.shares_memory(second, view)
+    kept, second = _address(second), None
+    assert _address(store.outgoing("w#message", like, 7)) == kept  # released: reused
+    assert store.outgoing("w#message", like, 8).shape == (8,)  # another size: a new one
+    assert store.outgoing("w#message", np.zeros(4), 8).dtype == np.float64
+
+
+def test_an_outgoing_buffer_held_by_a_torch_tensor_is_not_reused():
+    import torch
+    store, like = StateStore(), np.zeros(4, np.float32)
+    grad = torch.from_numpy(store.outgoing("w#message", like, 7)[:4])  # p.grad set to it
+    again = store.outgoing("w#message", like, 7)
+    assert not np.shares_memory(again, grad.numpy())
+    kept, again = _address(again), None
+    assert _address(store.outgoing("w#message", like, 7)) == kept  # the tensor still holds
+    assert not np.shares_memory(store.outgoing("w#message", like, 7), grad.numpy())  # the first

@@ -24,6 +24,8 @@ VARIANTS = {
     "topk-adam-w8": ("topk-adam", dict(ratio=0.01, seed=3,
                                        precondition=AdamSettings(warmup=8))),
     "binsgdm": ("binsgdm", dict(seed=3)),
+    # every tensor passed: BinSGDM steps aside (hvdcomp.stepaside), its messages through Horovod
+    "binsgdm-aside": ("binsgdm", dict(seed=3, decision="pass")),
     "topk": ("topk", dict(ratio=0.01, seed=3)),
     "topk-rms": ("topk-rms", dict(ratio=0.01, seed=3)),
     "topk-bare": ("topk", BARE),

@@ -8,7 +8,10 @@ float32 parameters trains ``--warm`` steps, then ``--steps`` steady steps (forwa
 NumPy held during a steady step above what was live before it, in units of the gradient's bytes
 (hvdcomp's arrays are NumPy's; Torch's own CPU tensors are not traced, nor Horovod's buffers);
 ``in_place``, whether every compressed gradient came back in the tensor ``compress()`` was given
-(``p.grad`` keeps its storage, as with Horovod's own in-place allreduce); the parameters' digest
+(``p.grad`` keeps its storage, as with Horovod's own in-place allreduce); ``reused``, whether
+every steady step handed back each gradient in the same storage as the step before (a method
+that steps aside hands back a view of its message, reused once ``zero_grad`` released it);
+the parameters' digest
 (the ranks must agree); ``direct_out_of_place``, whether a direct ``hvd.allreduce`` with the
 same compression left its input as it was.
 """
@@ -36,7 +39,7 @@ def train(name, steps, warm=WARM):
     gen = torch.Generator().manual_seed(hvd.rank())
     big = [p for p in model.parameters() if p.numel() >= 1024]
     grad_bytes = sum(p.numel() * 4 for p in model.parameters())
-    peaks, in_place = [], True
+    peaks, in_place, handed = [], True, []
     for step in range(warm + steps):
         x = torch.randn(64, 512, generator=gen)
         steady = step >= warm
@@ -50,7 +53,8 @@ def train(name, steps, warm=WARM):
         if steady:
             peaks.append((tracemalloc.get_traced_memory()[1] - before) / grad_bytes)
             in_place &= given == [p.grad.data_ptr() for p in big]
-    return max(peaks), in_place, digest(model)
+            handed.append([p.grad.data_ptr() for p in big])
+    return max(peaks), in_place, all(h == handed[0] for h in handed), digest(model)
 
 
 def direct_call_is_out_of_place(name):
@@ -77,12 +81,12 @@ def main():
     hvd.init()
     out = {}
     for name in args.names:
-        peak, in_place, dig = train(name, args.steps, args.warm)
-        out[name] = {"peak": peak, "in_place": in_place, "digest": dig,
+        peak, in_place, reused, dig = train(name, args.steps, args.warm)
+        out[name] = {"peak": peak, "in_place": in_place, "reused": reused, "digest": dig,
                      "direct_out_of_place": name == "none" or direct_call_is_out_of_place(name)}
         if hvd.rank() == 0:
             print(f"{name}: steady-step host allocation {peak:.3f} x gradient bytes, "
-                  f"results in place: {in_place}", flush=True)
+                  f"results in place: {in_place}, storage reused: {reused}", flush=True)
     report(rank=hvd.rank(), methods=out)
     sys.stdout.flush()
 
