@@ -44,7 +44,6 @@ its moments are held: only ``r[n]`` shows it), as Horovod's own sum would hand t
 import math
 
 
-
 def applies(method):
     """Whether ``method`` (a method, or the engine's wrapper of it) steps aside this way."""
     return getattr(method, "exact_parts", None) is not None

@@ -54,7 +54,6 @@ def test_a_value_that_shares_an_array_with_its_successor_is_not_a_spare():
     assert store.spare("s", like, 0) is not m
 
 
-
 def _address(array):
     return array.__array_interface__["data"][0]
 
