@@ -7,8 +7,12 @@ Horovod fp32 / fp16 and the compute ceiling, from one job (issue #31).
 Models, written here (torchvision's wheel does not load beside this CPU torch):
 - ``resnet18``: torchvision's ResNet-18 architecture (BasicBlock [2, 2, 2, 2], 1000 classes,
   11.7M parameters in 62 tensors), as Horovod's ``pytorch_synthetic_benchmark.py``: synthetic
-  images (``--image`` pixels square, default 64 to keep a CPU step short; the parameter shapes,
-  which set the traffic, do not depend on it), batch ``--batch`` (8) per rank, SGD(lr 0.01).
+  images (``--image`` pixels square, default 224 as Horovod's benchmark; the parameter shapes,
+  which set the traffic, do not depend on it, but the computation per parameter does, and with
+  it the share of a step that hvdcomp's codec takes: at 64 pixels, what sessions 40-71 ran to
+  keep a CPU step short, a step computes 12x less against the same codec work, so its
+  fractions of the ceiling understated what a user's 224-pixel job sees), batch ``--batch`` (8)
+  per rank, SGD(lr 0.01).
 - ``resnet50``: the same with Bottleneck [3, 4, 6, 3] (25.6M parameters in 161 tensors).
 - ``gpt``: a GPT-style causal transformer LM (``--layers`` 8, d_model 512, 8 heads, feed-forward
   2048, vocabulary 8192, learned positions, tied output; ~30M parameters in ~100 tensors),

@@ -1,6 +1,6 @@
 """Rank script: issue #31's regimes benchmark in TensorFlow, the twin of ``regimes.py``: ResNet-50
 from ``tf.keras.applications`` (25.6M parameters, ``weights=None``, 1000 classes, ``--image``
-pixels square, default 64: the parameter shapes, which set the traffic, do not depend on it) on
+pixels square, default 224 as Horovod's benchmarks: ``regimes.py`` says why) on
 synthetic images, batch ``--batch`` (4) per rank, SGD(lr 0.01), through the stock Horovod TF
 APIs:
 
