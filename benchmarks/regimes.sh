@@ -19,20 +19,22 @@ MODELS=${MODELS:-"resnet18 gpt"}
 # Rates for r of about 0.1, 0.3, 1, 3 and 10 with 224-pixel images (regimes.py says why 224;
 # session 72 measured ResNet-18's r at 0.48 at 1 Gbit/s, 1.01 at 500 Mbit/s, 3.05 at 160).
 RATES_resnet18=${RATES_resnet18-"10gbit 2gbit 500mbit 160mbit 50mbit"}
-RATES_gpt=${RATES_gpt-"3gbit 1gbit 300mbit 100mbit"}
+# gpt at 8 sequences of 64 tokens per rank: r 6.4 at 120 Mbit/s (session 72); the others scaled.
+RATES_gpt=${RATES_gpt-"3gbit 750mbit 250mbit 75mbit"}
 RATES_resnet50=${RATES_resnet50-"2gbit 500mbit 160mbit"}
 RATES_tf_tape=${RATES_tf_tape-"1gbit 300mbit"}
 RATES_tf_keras=${RATES_tf_keras-"1gbit 300mbit"}
 # RATES_<model>= (set, empty) runs none of that model's links (only its "-big" row, if any).
-# The lowest r: the fastest link with 8x (gpt: batch 8) the computation; labelled
+# The lowest r: the fastest link with 4x (gpt: batch 32) the computation; labelled
 # "<rate>-big". Set BIG_RATE= (empty) to skip it. (ResNet's 10 Gbit/s row is r 0.1 at 224 px.)
 BIG_resnet18=${BIG_resnet18-}
-BIG_gpt=${BIG_gpt-"--batch 8"}
+BIG_gpt=${BIG_gpt-"--batch 32"}
 BIG_RATE=${BIG_RATE-10gbit}
 # gpt's configurations (30M parameters under AdamW) do not fit in memory together: one at a
-# time, each beside the ceiling (regimes.py --sequential); one sequence of 64 tokens per rank
-# (a 1.6 s CPU step for 4 ranks on 2 cores; the parameters, which set the traffic, do not change).
-EXTRA_gpt=${EXTRA_gpt-"--sequential --batch 1"}
+# time, each beside the ceiling (regimes.py --sequential); 8 sequences of 64 tokens per rank
+# (a 2.6 s CPU step for 4 ranks on 2 cores; sessions 45-68 ran one sequence, a step computing 8x
+# less against the same codec work, as 64-pixel images did for the ResNets: regimes.py).
+EXTRA_gpt=${EXTRA_gpt-"--sequential --batch 8"}
 # TensorFlow's ResNet-50s with their traced graphs do not fit in memory together either.
 EXTRA_tf_tape=${EXTRA_tf_tape-"--sequential"}
 EXTRA_tf_keras=${EXTRA_tf_keras-"--sequential"}
