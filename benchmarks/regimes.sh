@@ -45,8 +45,10 @@ EXTRA_tf_keras=${EXTRA_tf_keras-"--sequential"}
 MAX_WARMUP=${MAX_WARMUP:-90}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-4}
-# Seconds each job may run (gpt at 300 Mbit/s: about 30 min).
-TIMEOUT=${TIMEOUT:-1500}
+# Seconds each job may run. Session 72: ResNet-18 at 50 Mbit/s, every method, 24 min; gpt with 8
+# sequences at 120 Mbit/s, 4 configurations, 28 min (every method at 75 Mbit/s: more than an
+# hour, estimated; a killed --sequential job keeps the pairs it finished).
+TIMEOUT=${TIMEOUT:-3600}
 OUT=${OUT:-$ROOT/results/regimes-$(date +%Y%m%d-%H%M%S)}
 cluster_session 1gbit
 for model in $MODELS; do

@@ -157,9 +157,7 @@ def add_args(ap):
     """The arguments both regimes benchmarks take (besides their models)."""
     ap.add_argument("--methods", default="ceiling," + ",".join(ALL_METHODS))
     ap.add_argument("--batch", type=int, default=8)
-    # Horovod's synthetic benchmarks' 224 pixels: the computation per parameter of the models
-    # users train, so that hvdcomp's codec (work per parameter) weighs against the step as it
-    # does there (64 pixels made the step 12x lighter and the codec's share 12x larger).
+    # Horovod's synthetic benchmarks' 224 pixels (regimes.py says why not 64)
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-warmup", type=int, default=45)
