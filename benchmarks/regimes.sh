@@ -22,10 +22,10 @@ RATES_resnet18=${RATES_resnet18-"10gbit 2gbit 500mbit 160mbit 50mbit"}
 # gpt at 8 sequences of 64 tokens per rank: r 6.4 at 120 Mbit/s (session 72); the others scaled.
 RATES_gpt=${RATES_gpt-"3gbit 750mbit 250mbit 75mbit"}
 RATES_resnet50=${RATES_resnet50-"2gbit 500mbit 160mbit"}
-# TensorFlow's links were chosen at 64 pixels (r 4.2 and 8-9 there); at the 224-pixel default
-# the same links give a lower r, not measured yet.
-RATES_tf_tape=${RATES_tf_tape-"1gbit 300mbit"}
-RATES_tf_keras=${RATES_tf_keras-"1gbit 300mbit"}
+# TensorFlow's ResNet-50 at 224 pixels: r 8.9 at 120 Mbit/s (tf-tape, session 73); 1 Gbit/s and
+# 350 Mbit/s scaled from it (r of about 1 and 3; not run at 224 pixels).
+RATES_tf_tape=${RATES_tf_tape-"1gbit 350mbit 120mbit"}
+RATES_tf_keras=${RATES_tf_keras-"1gbit 350mbit 120mbit"}
 # RATES_<model>= (set, empty) runs none of that model's links (only its "-big" row, if any).
 # The lowest r: the fastest link with 4x (gpt: batch 32) the computation; labelled
 # "<rate>-big". Set BIG_RATE= (empty) to skip it. (ResNet's 10 Gbit/s row is r 0.1 at 224 px.)
