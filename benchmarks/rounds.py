@@ -135,7 +135,9 @@ def write(args, configs, job):
               f"(rounds {', '.join(f'{1e3 * s:.0f}' for s in c.rounds)}; "
               f"{own / rec['seconds']:.2f} of the ceiling{' beside it' if beside else ''}; "
               f"r {rec['r']:.2f})"
-              + (f" [{d['describe']}; warm-up {c.warmup[0]} steps]" if d else ""), flush=True)
+              + (f" [{d['describe']}; warm-up {c.warmup[0]} steps; candidates' windows: "
+                 + ", ".join(f"{k} {1e3 * m:.0f} ms" for k, m in d["medians"].items()) + "]"
+                 if d else ""), flush=True)
         append(rec)
 
 

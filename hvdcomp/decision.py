@@ -354,10 +354,12 @@ class Decision:
         return f"{self.mode}, {self.phase}: {what}{chosen}"
 
     def as_dict(self):
-        """What ``last_stats`` shows of the decision."""
+        """What ``last_stats`` shows of the decision; ``medians``: each candidate's median
+        exchange window (seconds, the slowest rank's) in the last probe that timed it."""
         return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
                 "half": self.passes_half(), "candidates": self.thresholds,
-                "switches": self.switches}
+                "switches": self.switches,
+                "medians": {_name(self.thresholds[i]): m for i, m in sorted(self.medians.items())}}
 
     STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
              "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
