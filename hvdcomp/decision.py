@@ -29,8 +29,8 @@ What is measured: each step's *exchange window*, from its first gradient handed 
 before the gradients reach Horovod, or where it has none, the start of the step's reduction) to
 its last result handed back by ``decompress()`` (after Horovod's wait for its own allreduces; for
 a graph front end, its last per-gradient op that hands a result back,
-``BatchedCompressor.handed_over``: every compressed result's, and the one of the gradient that
-Horovod sums last, ``hvdcomp.frontends.tensorflow.StepBatch.hands_over``), taken on
+``BatchedCompressor.handed_over``: every compressed result's, and one that waits for every
+gradient Horovod sums, ``hvdcomp.frontends.tensorflow.StepBatch.hands_over``), taken on
 every rank and agreed as the slowest rank's (it rides the next step's agreement all-gather,
 ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that

@@ -379,6 +379,12 @@ def _batchable(grad):
     return tf.is_symbolic_tensor(grad) and grad.dtype.is_floating
 
 
+def _summable(grad):
+    """Whether Horovod's own allreduce may sum ``grad`` as hvdcomp would (``StepBatch.passable``,
+    given an Average or Sum op): a float32 gradient of a static shape."""
+    return grad.dtype == tf.float32 and grad.shape.num_elements() is not None
+
+
 def _horovod_reduces(process_set):
     """The predicate of Horovod's ``_allreduce_cond`` around each gradient: this rank is in
     ``process_set`` (None: the global set), of 2+ ranks; a Python bool, or a boolean tensor with
@@ -420,8 +426,9 @@ class StepBatch:
     several times as much). So a passed gradient is summed by Horovod as soon as the backward
     pass has computed it, overlapping the rest of it, as under ``hvd.Compression.none``; the step op
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
-    ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the one summed last
-    through ``take`` (``hands_over``), the others in graph ops (``switch``). On a quiet step
+    ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the last one traced
+    through ``take`` after every other (``hands_over``), the others in graph ops (``switch``).
+    On a quiet step
     (``hvdcomp.engine.QuietSteps``: every gradient passed, no agreement due), which the plan op
     ends at once (``quiet``), the step op does not run; the take of the last sum runs only
     where the next step reads the window (``silent``). A quiet step then costs one Python op,
@@ -451,7 +458,11 @@ class StepBatch:
         self.keys = list(self.tensors)
         self.joined = set()  # the keys whose compress() has been traced
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
-        self.summed_last = None  # the index whose take ends the window (``hands_over``)
+        # the index whose take ends the window (``hands_over``): the last key Horovod may sum
+        # (``passable`` but for the call's op, the same for every key), traced last
+        self.closing = max((i for i, k in enumerate(self.keys) if _summable(self.tensors[k])),
+                           default=None)
+        self.traced_from = len(self.graph.get_operations())  # ``after_the_others``
         self.results = {}
         self._step = self._plan = self._flags = self._summed = None
         self.countdown = Countdown()
@@ -461,25 +472,40 @@ class StepBatch:
         itself (float32, a static shape, ``horovod_op`` Average or Sum: the collective's result
         is then the mean or sum that hvdcomp would return), else None."""
         from horovod.tensorflow.mpi_ops import Average, Sum
-        tensor = self.tensors[key]
-        if (tensor.dtype != tf.float32 or tensor.shape.num_elements() is None
-                or horovod_op not in (Average, Sum)):
+        if not _summable(self.tensors[key]) or horovod_op not in (Average, Sum):
             return None
         index = self.keys.index(key)
         self.sums[index] = True
-        if self.summed_last is None:
-            self.summed_last = index
         return index
 
     def hands_over(self, index):
         """Whether the result of passable gradient ``index`` goes through its ``take`` op on
         every step whose exchange window is read (every step but the ``silent`` ones), Horovod's
-        sum included, ending the decision's window there: the first passable gradient of the
-        call, which the backward pass computes last (Horovod's allreduce then starts it last:
-        its sum is the step's last). The others' sums are handed back in graph ops
-        (``Deferred.build``), where a Python op per gradient would cost ~0.1 ms per gradient
-        and step (a step of the 6-tensor MLP of recipe (d), 3.3 ms, took 5.0 with one)."""
-        return index == self.summed_last
+        sum included, ending the decision's window there: the last passable gradient of the
+        call (``closing``: Horovod traces the call's gradients in order), whose take waits for
+        every passable gradient's Horovod result (``Deferred.build``). No one sum is known to
+        come last: TensorFlow's executor runs a weight gradient's op whenever its inputs are
+        ready, off the backward pass's critical path, so a deep layer's large gradient may reach
+        Horovod after the first layer's (session 74: with the window closed at the first
+        variable's sum, a passed step of ResNet-50's tape step read 1.1-1.6 s shorter than it
+        ran, and the decision passed where compressing was faster). The others' sums are handed
+        back in graph ops, where a Python op per gradient would cost ~0.1 ms per gradient and
+        step (a step of the 6-tensor MLP of recipe (d), 3.3 ms, took 5.0 with one)."""
+        return index == self.closing
+
+    def after_the_others(self):
+        """A small tensor of ``graph`` (one element of each) that is ready once every result
+        of the call's conds traced so far is: Horovod's ``_allreduce_cond`` around each gradient
+        (hvdcomp's own conds too). The take of ``closing`` reads it, so it runs after every
+        other gradient's Horovod sum (a control dependency on another cond's tensors would be
+        dropped: they are not in the closing gradient's branch). One element each: on a GPU
+        only those reach ``take``'s host memory."""
+        with self.graph.as_default():
+            ready = [tf.cast(tf.reshape(out, [-1])[:1], tf.float32)
+                     for op in self.graph.get_operations()[self.traced_from:]
+                     if op.type in ("If", "StatelessIf")
+                     for out in op.outputs if out.dtype.is_numeric or out.dtype == tf.bool]
+            return tf.concat(ready, 0) if ready else tf.zeros([0])
 
     def plan_op(self):
         """The step's plan (a bool per key: Horovod sums that gradient), built at the first
@@ -620,17 +646,18 @@ class StepBatch:
                 self._summed = tf.logical_and(self.plan_op(), tf.math.is_inf(self.step_op()))
         return self._summed[index]
 
-    def take(self, key, step, reduced):
+    def take(self, key, step, reduced, *after):
         """The op of gradient ``key``: its result of this step's reduction, flat, times the op
         factor (an unsupported op raises ``UnsupportedOpError`` here, on every rank, after the
         step's reduction); for a gradient that Horovod summed, ``reduced`` as it is, or, on a
         skipped step, the fill in every element. ``step``: the batch op's output, the input
-        that orders the two; ``reduced``: the reduced placeholder, or Horovod's sum.
+        that orders the two; ``reduced``: the reduced placeholder, or Horovod's sum; ``after``:
+        inputs read for their order only (``StepBatch.after_the_others``).
 
         It ends the decision's exchange window unless another result follows
         (``BatchedCompressor.handed_over``), so it runs for every compressed result and for the
-        sum of the gradient Horovod sums last (``hands_over``; not on a ``silent`` step, whose
-        window nothing reads): ``tf.numpy_function`` hands its
+        sum of the last gradient Horovod may sum, after every other sum (``hands_over``; not on a
+        ``silent`` step, whose window nothing reads): ``tf.numpy_function`` hands its
         inputs over as views of their buffers and takes the array returned back without a copy,
         so a sum goes through it without one (on host memory). An op that only marked the window
         beside a sum in graph ops would not run: TensorFlow's graph optimiser removes a
@@ -719,15 +746,17 @@ class Deferred:
         else:
             batch, step = self.batch, self.batch.step_op()
 
-            def take(reduced):
-                return tf.numpy_function(functools.partial(batch.take, key), [step, reduced],
-                                         work.dtype, stateful=False,
+            def take(reduced, *after):
+                return tf.numpy_function(functools.partial(batch.take, key),
+                                         [step, reduced, *after], work.dtype, stateful=False,
                                          name=f"hvdcomp_{comp.method}_take")
             if self.index is None:
                 out = take(output)
             else:  # Horovod's sum as it is, in graph ops, or take's result (``switch``)
-                taken, summed = switch(batch.silent() if batch.hands_over(self.index)
+                closes = batch.hands_over(self.index)
+                taken, summed = switch(batch.silent() if closes
                                        else batch.summed_here(self.index), output)
-                out = merge(take(taken), tf.reshape(summed, [-1]))
+                after = (batch.after_the_others(),) if closes else ()
+                out = merge(take(taken, *after), tf.reshape(summed, [-1]))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
