@@ -385,6 +385,22 @@ def _summable(grad):
     return grad.dtype == tf.float32 and grad.shape.num_elements() is not None
 
 
+def _results_since(graph, start):
+    """A small tensor of ``graph`` (one element of each) that is ready once every result of the
+    conds in ``graph`` from its ``start``-th op on is: Horovod's ``_allreduce_cond`` around each
+    gradient of a call traced so far (hvdcomp's own conds too). The take of
+    ``StepBatch.closing`` reads it, so it runs after every other gradient's Horovod sum
+    (TensorFlow's executor runs a weight gradient's op whenever its inputs are ready, so no one
+    sum is known to come last; a control dependency on another cond's tensors is dropped: they
+    are not in the closing gradient's branch). One element each: on a GPU only those reach
+    ``take``'s host memory."""
+    with graph.as_default():
+        ready = [tf.cast(tf.reshape(out, [-1])[:1], tf.float32)
+                 for op in graph.get_operations()[start:] if op.type in ("If", "StatelessIf")
+                 for out in op.outputs if out.dtype.is_numeric or out.dtype == tf.bool]
+        return tf.concat(ready, 0) if ready else tf.zeros([0])
+
+
 def _horovod_reduces(process_set):
     """The predicate of Horovod's ``_allreduce_cond`` around each gradient: this rank is in
     ``process_set`` (None: the global set), of 2+ ranks; a Python bool, or a boolean tensor with
@@ -428,10 +444,9 @@ class StepBatch:
     still holds it to the batch's agreement and finiteness verdict (``Entry.by_horovod``), and
     ``decompress`` returns Horovod's sum (a skipped step: ``take``'s fill), the last one traced
     through ``take`` after every other (``hands_over``), the others in graph ops (``switch``).
-    On a quiet step
-    (``hvdcomp.engine.QuietSteps``: every gradient passed, no agreement due), which the plan op
-    ends at once (``quiet``), the step op does not run; the take of the last sum runs only
-    where the next step reads the window (``silent``). A quiet step then costs one Python op,
+    On a quiet step (``hvdcomp.engine.QuietSteps``: every gradient passed, no agreement due),
+    which the plan op ends at once (``quiet``), the step op does not run; the closing take runs
+    only where the next step reads the window (``silent``). A quiet step then costs one Python op,
     the plan's, at its start, and a quiet and silent one that the last plan granted ahead
     (``Countdown``, ``hvdcomp.engine.QuietGrant``) a few graph ops."""
 
@@ -458,11 +473,10 @@ class StepBatch:
         self.keys = list(self.tensors)
         self.joined = set()  # the keys whose compress() has been traced
         self.sums = [False] * len(self.keys)  # per key: Horovod may sum it (``passable``)
-        # the index whose take ends the window (``hands_over``): the last key Horovod may sum
-        # (``passable`` but for the call's op, the same for every key), traced last
+        # the last key Horovod may sum (``passable``: the op is the call's), ``hands_over``
         self.closing = max((i for i, k in enumerate(self.keys) if _summable(self.tensors[k])),
                            default=None)
-        self.traced_from = len(self.graph.get_operations())  # ``after_the_others``
+        self.traced_from = len(self.graph.get_operations())  # ``_results_since``
         self.results = {}
         self._step = self._plan = self._flags = self._summed = None
         self.countdown = Countdown()
@@ -482,30 +496,12 @@ class StepBatch:
         """Whether the result of passable gradient ``index`` goes through its ``take`` op on
         every step whose exchange window is read (every step but the ``silent`` ones), Horovod's
         sum included, ending the decision's window there: the last passable gradient of the
-        call (``closing``: Horovod traces the call's gradients in order), whose take waits for
-        every passable gradient's Horovod result (``Deferred.build``). No one sum is known to
-        come last: TensorFlow's executor runs a weight gradient's op whenever its inputs are
-        ready, off the backward pass's critical path, so a deep layer's large gradient may reach
-        Horovod after the first layer's (session 74: with the window closed at the first
-        variable's sum, a passed step of ResNet-50's tape step read 1.1-1.6 s shorter than it
-        ran, and the decision passed where compressing was faster). The others' sums are handed
-        back in graph ops, where a Python op per gradient would cost ~0.1 ms per gradient and
-        step (a step of the 6-tensor MLP of recipe (d), 3.3 ms, took 5.0 with one)."""
+        call (``closing``, traced last), whose take waits for every other result
+        (``_results_since``): no one sum is known to come last (session 74: closed at the first
+        variable's sum, ResNet-50's passed tape step read 1.1-1.6 s short). The others' sums
+        are handed back in graph ops, where a Python op per gradient would cost ~0.1 ms per
+        gradient and step (the 6-tensor MLP of recipe (d): 3.3 -> 5.0 ms)."""
         return index == self.closing
-
-    def after_the_others(self):
-        """A small tensor of ``graph`` (one element of each) that is ready once every result
-        of the call's conds traced so far is: Horovod's ``_allreduce_cond`` around each gradient
-        (hvdcomp's own conds too). The take of ``closing`` reads it, so it runs after every
-        other gradient's Horovod sum (a control dependency on another cond's tensors would be
-        dropped: they are not in the closing gradient's branch). One element each: on a GPU
-        only those reach ``take``'s host memory."""
-        with self.graph.as_default():
-            ready = [tf.cast(tf.reshape(out, [-1])[:1], tf.float32)
-                     for op in self.graph.get_operations()[self.traced_from:]
-                     if op.type in ("If", "StatelessIf")
-                     for out in op.outputs if out.dtype.is_numeric or out.dtype == tf.bool]
-            return tf.concat(ready, 0) if ready else tf.zeros([0])
 
     def plan_op(self):
         """The step's plan (a bool per key: Horovod sums that gradient), built at the first
@@ -652,7 +648,7 @@ class StepBatch:
         step's reduction); for a gradient that Horovod summed, ``reduced`` as it is, or, on a
         skipped step, the fill in every element. ``step``: the batch op's output, the input
         that orders the two; ``reduced``: the reduced placeholder, or Horovod's sum; ``after``:
-        inputs read for their order only (``StepBatch.after_the_others``).
+        inputs read for their order only (``_results_since``).
 
         It ends the decision's exchange window unless another result follows
         (``BatchedCompressor.handed_over``), so it runs for every compressed result and for the
@@ -756,7 +752,7 @@ class Deferred:
                 closes = batch.hands_over(self.index)
                 taken, summed = switch(batch.silent() if closes
                                        else batch.summed_here(self.index), output)
-                after = (batch.after_the_others(),) if closes else ()
+                after = (_results_since(batch.graph, batch.traced_from),) if closes else ()
                 out = merge(take(taken, *after), tf.reshape(summed, [-1]))
         out = tf.reshape(out, tf.shape(tensor))
         return tf.cast(out, tensor.dtype)
