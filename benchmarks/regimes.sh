@@ -19,9 +19,12 @@ MODELS=${MODELS:-"resnet18 gpt"}
 # Rates for r of about 0.1, 0.3, 1, 3 and 10 with 224-pixel images (regimes.py says why 224;
 # session 72 measured ResNet-18's r at 0.48 at 1 Gbit/s, 1.01 at 500 Mbit/s, 3.05 at 160).
 RATES_resnet18=${RATES_resnet18-"10gbit 2gbit 500mbit 160mbit 50mbit"}
-# gpt at 8 sequences of 64 tokens per rank: r 6.4 at 120 Mbit/s (session 72); the others scaled.
+# gpt at 8 sequences of 64 tokens per rank, r measured (sessions 72-75): 0.33 at 3 Gbit/s, 1.08
+# at 750 Mbit/s, 3.2 at 250, 6.2 at 120, 9.6 at 75 (that link, every method: over an hour).
 RATES_gpt=${RATES_gpt-"3gbit 750mbit 250mbit 75mbit"}
-RATES_resnet50=${RATES_resnet50-"2gbit 500mbit 160mbit"}
+# ResNet-50 at 224 pixels: r 0.68 at 500 Mbit/s (session 75; a 5.4-s step); scaled for r of
+# about 0.3, 1 and 3.
+RATES_resnet50=${RATES_resnet50-"1gbit 340mbit 110mbit"}
 # TensorFlow's ResNet-50 at 224 pixels: r 8.9 at 120 Mbit/s (tf-tape, session 73); 1 Gbit/s and
 # 350 Mbit/s scaled from it (r of about 1 and 3; not run at 224 pixels).
 RATES_tf_tape=${RATES_tf_tape-"1gbit 350mbit 120mbit"}
