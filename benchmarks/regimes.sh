@@ -20,7 +20,8 @@ MODELS=${MODELS:-"resnet18 gpt"}
 # session 72 measured ResNet-18's r at 0.48 at 1 Gbit/s, 1.01 at 500 Mbit/s, 3.05 at 160).
 RATES_resnet18=${RATES_resnet18-"10gbit 2gbit 500mbit 160mbit 50mbit"}
 # gpt at 8 sequences of 64 tokens per rank, r measured (sessions 72-75): 0.33 at 3 Gbit/s, 1.08
-# at 750 Mbit/s, 3.2 at 250, 6.2 at 120, 9.6 at 75 (that link, every method: over an hour).
+# at 750 Mbit/s, 3.2 at 250, 6.2 at 120, 9.6 at 75 (that link, every method: over an hour,
+# more than TIMEOUT's default allows).
 RATES_gpt=${RATES_gpt-"3gbit 750mbit 250mbit 75mbit"}
 # ResNet-50 at 224 pixels: r 0.68 at 500 Mbit/s (session 75; a 5.4-s step); scaled for r of
 # about 0.3, 1 and 3.
