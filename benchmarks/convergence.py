@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,9 +235,21 @@ def aggregate(records, tasks, methods, scales):
     return rows
 
 
+class Timed(NamedTuple):
+    """One timed run (``timed_rounds``): its seconds per training step held past the first
+    evaluation point (``held_step``), its setup seconds, ``to`` (step -> seconds to it), its
+    timing ``round`` (1 where the record has none) and ``run``, its setup plus its training
+    seconds (the whole job as a user waits for it, its first step included)."""
+    step: float
+    setup: float
+    to: dict
+    round: int
+    run: float
+
+
 def timed_rounds(timing, task, rate):
-    """method -> one ``(seconds per training step, setup seconds, {step: seconds to it})`` per
-    round (``--timing-rounds``) of the ``task`` runs timed at link ``rate``. Setup: the example's
+    """method -> one ``Timed`` per round (``--timing-rounds``) of the ``task`` runs timed at link
+    ``rate``. Setup: the example's
     ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
     with numba kernels loaded them there, ~1 s; what every method's job pays alike, the
     optimizer, Horovod's broadcasts and the wait in them for the other ranks' start-up, 2-5 s
@@ -248,8 +261,10 @@ def timed_rounds(timing, task, rate):
     for r in timing:
         if r["task"] == task and r.get("rate") == rate and "error" not in r:
             to = {p["step"]: p["seconds"] for p in r.get("curve", ()) if "seconds" in p}
+            setup = r["summary"].get("setup_seconds", 0.0)
             found.setdefault(r["method"], []).append(
-                (held_step(r["summary"], to), r["summary"].get("setup_seconds", 0.0), to))
+                Timed(held_step(r["summary"], to), setup, to, r.get("round", 1),
+                      setup + r["summary"]["seconds"]))
     return found
 
 
@@ -273,9 +288,29 @@ def time_to(steps, rounds):
     job, counted once); else ``"steps x mean step"``, ``steps`` times the median of the whole
     runs' mean step (which spreads the first step over every step; records from before
     session 64). Setup is not included."""
-    if rounds and all(steps in to for _, _, to in rounds):
-        return statistics.median(to[steps] for _, _, to in rounds), "timed"
-    return steps * statistics.median(t for t, _, _ in rounds), "steps x mean step"
+    if rounds and all(steps in t.to for t in rounds):
+        return statistics.median(t.to[steps] for t in rounds), "timed"
+    return steps * statistics.median(t.step for t in rounds), "steps x mean step"
+
+
+def by_round(rounds, seconds):
+    """round -> ``seconds(timed)`` for each ``Timed`` of ``rounds`` where it is not None."""
+    found = {t.round: seconds(t) for t in rounds}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def paired(mine, base):
+    """Each round's ratio of a method's seconds to the baseline's in the same round (``mine``,
+    ``base``: ``by_round`` dicts), in round order; rounds missing on either side are left out.
+    The machine's drift between rounds, which the medians of each side carry separately, then
+    cancels in each ratio."""
+    return [mine[k] / base[k] for k in sorted(mine) if base.get(k)]
+
+
+def seconds_to(steps):
+    """``by_round``'s ``seconds`` for the time to ``steps`` with setup (None where the run's curve
+    does not carry it)."""
+    return lambda t: t.setup + t.to[steps] if steps in t.to else None
 
 
 def add_times(rows, timing, rates):
@@ -287,8 +322,8 @@ def add_times(rows, timing, rates):
     for rate in rates:
         for task in dict.fromkeys(r["task"] for r in rows):
             rounds = timed_rounds(timing, task, rate)
-            step = {m: statistics.median(t for t, _, _ in ts) for m, ts in rounds.items()}
-            setup = {m: statistics.median(u for _, u, _ in ts) for m, ts in rounds.items()}
+            step = {m: statistics.median(t.step for t in ts) for m, ts in rounds.items()}
+            setup = {m: statistics.median(t.setup for t in ts) for m, ts in rounds.items()}
             task_rows = [r for r in rows if r["task"] == task]
             reach = {}
             for row in task_rows:
@@ -296,7 +331,7 @@ def add_times(rows, timing, rates):
                 row.setdefault("times", {})[rate] = times = {"step_s": t,
                                                              "setup_s": setup.get(row["method"])}
                 if len(rounds.get(row["method"], ())) > 1:
-                    times["step_rounds_s"] = [s for s, _, _ in rounds[row["method"]]]
+                    times["step_rounds_s"] = [t.step for t in rounds[row["method"]]]
                 if t is not None and row.get("steps_to_baseline") is not None:
                     to, times["to_baseline_how"] = time_to(row["steps_to_baseline"],
                                                            rounds[row["method"]])
@@ -305,11 +340,20 @@ def add_times(rows, timing, rates):
                     times["of_ceiling"] = step["ceiling"] / t
                     if "none" in step:
                         times["r"] = (step["none"] - step["ceiling"]) / step["ceiling"]
+            none = next((r for r in task_rows if r["method"] == "none"), {})
+            none_runs = by_round(rounds.get("none", ()), lambda t: t.run)
             for row in task_rows:
-                times = row["times"][rate]
+                times, mine = row["times"][rate], rounds.get(row["method"], ())
                 for base in ("none", "fp16"):
                     if "to_baseline_s" in times and reach.get(base):
                         times[f"x_{base}"] = times["to_baseline_s"] / reach[base]
+                # paired with none's run of the same round: the whole run, and the time to the
+                # baseline's final quality where both reach it
+                times["run_x_none_rounds"] = paired(by_round(mine, lambda t: t.run), none_runs)
+                if "x_none" in times:
+                    times["x_none_rounds"] = paired(
+                        by_round(mine, seconds_to(row["steps_to_baseline"])),
+                        by_round(rounds.get("none", ()), seconds_to(none["steps_to_baseline"])))
 
 
 def time_table(rows, rates):
@@ -324,13 +368,14 @@ def time_table(rows, rates):
                   f"{spec['metric']} on the emulated cluster, 2 hosts x 2 ranks ({regime})", "",
                   "| method | final | gap | steps to it | " + " | ".join(
                       f"{rate}: step ms after the first point (of ceiling) | "
-                      f"{rate}: time to it with setup (x none, x fp16)"
+                      f"{rate}: time to it with setup (x none, x fp16) [x none per round] | "
+                      f"{rate}: whole run x none's, paired per round: median [range]"
                       for rate in rates) + " |",
-                  "| --- | --- | --- | --- |" + " --- | --- |" * len(rates)]
+                  "| --- | --- | --- | --- |" + " --- | --- | --- |" * len(rates)]
         for r in task_rows:
             if "mean" not in r:
                 why = "refused" if r.get("refused") else "failed"
-                lines.append(f"| {r['method']} | {why}: {r.get('why', '')} |" + " |" * (2 + 2 * len(rates)))
+                lines.append(f"| {r['method']} | {why}: {r.get('why', '')} |" + " |" * (2 + 3 * len(rates)))
                 continue
             reach = r.get("steps_to_baseline")
             cells = [r["method"], f"{r['mean']:.4f}", f"{r.get('gap', math.nan):+.2f} {spec['unit']}",
@@ -345,10 +390,19 @@ def time_table(rows, rates):
                 cells.append(f"{t['to_baseline_s']:.1f} s ({t['to_baseline_how']}), "
                              f"{t['setup_s']:.2f} s of it setup "
                              f"({t.get('x_none', math.nan):.2f}x, {t.get('x_fp16', math.nan):.2f}x)"
+                             + (f" [{fmt_range(t['x_none_rounds'])}]"
+                                if len(t.get("x_none_rounds", ())) > 1 else "")
                              if "to_baseline_s" in t else "-")
+                runs = t.get("run_x_none_rounds", ())
+                cells.append(f"{statistics.median(runs):.2f}x [{fmt_range(runs)}]" if runs else "-")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def fmt_range(ratios):
+    """``ratios``' range as ``'0.97-1.12x'``."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
 
 
 def timing_order(every, k):
