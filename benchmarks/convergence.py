@@ -249,8 +249,7 @@ class Timed(NamedTuple):
 
 def timed_rounds(timing, task, rate):
     """method -> one ``Timed`` per round (``--timing-rounds``) of the ``task`` runs timed at link
-    ``rate``. Setup: the example's
-    ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
+    ``rate``. Setup: the example's ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
     with numba kernels loaded them there, ~1 s; what every method's job pays alike, the
     optimizer, Horovod's broadcasts and the wait in them for the other ranks' start-up, 2-5 s
     here and varying by seconds, is left out), which a user's job pays once (0.0 in records
@@ -317,8 +316,10 @@ def add_times(rows, timing, rates):
     """Put on each row, per link rate, its step time (``held_step``: the median over the timing
     rounds, and each round's), its setup (the median), the time to the baseline's final quality
     (setup + ``time_to`` its steps to it: a user's job to that quality) and that time as a
-    multiple of Horovod none's and fp16's; and on every row of a task the regime r = (none's
-    step - the ceiling's) / the ceiling's step."""
+    multiple of Horovod none's and fp16's, with each round's ratio to none's run of the same
+    round (``x_none_rounds``; ``run_x_none_rounds``: the whole runs', for every method, also
+    those that do not reach the quality: ``paired``); and on every row of a task the regime
+    r = (none's step - the ceiling's) / the ceiling's step."""
     for rate in rates:
         for task in dict.fromkeys(r["task"] for r in rows):
             rounds = timed_rounds(timing, task, rate)
@@ -341,7 +342,7 @@ def add_times(rows, timing, rates):
                     if "none" in step:
                         times["r"] = (step["none"] - step["ceiling"]) / step["ceiling"]
             none = next((r for r in task_rows if r["method"] == "none"), {})
-            none_runs = by_round(rounds.get("none", ()), lambda t: t.run)
+            none_rounds = rounds.get("none", ())
             for row in task_rows:
                 times, mine = row["times"][rate], rounds.get(row["method"], ())
                 for base in ("none", "fp16"):
@@ -349,11 +350,12 @@ def add_times(rows, timing, rates):
                         times[f"x_{base}"] = times["to_baseline_s"] / reach[base]
                 # paired with none's run of the same round: the whole run, and the time to the
                 # baseline's final quality where both reach it
-                times["run_x_none_rounds"] = paired(by_round(mine, lambda t: t.run), none_runs)
+                times["run_x_none_rounds"] = paired(by_round(mine, lambda t: t.run),
+                                                    by_round(none_rounds, lambda t: t.run))
                 if "x_none" in times:
                     times["x_none_rounds"] = paired(
                         by_round(mine, seconds_to(row["steps_to_baseline"])),
-                        by_round(rounds.get("none", ()), seconds_to(none["steps_to_baseline"])))
+                        by_round(none_rounds, seconds_to(none["steps_to_baseline"])))
 
 
 def time_table(rows, rates):
