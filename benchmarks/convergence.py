@@ -249,11 +249,11 @@ class Timed(NamedTuple):
 
 def timed_rounds(timing, task, rate):
     """method -> one ``Timed`` per round (``--timing-rounds``) of the ``task`` runs timed at link
-    ``rate``. Setup: the example's ``setup_seconds`` (rank 0's construction of the compressor: until session 55 the methods
-    with numba kernels loaded them there, ~1 s; what every method's job pays alike, the
-    optimizer, Horovod's broadcasts and the wait in them for the other ranks' start-up, 2-5 s
-    here and varying by seconds, is left out), which a user's job pays once (0.0 in records
-    without it). Seconds to a step: the run's training seconds up to that step of its curve,
+    ``rate``. Setup: the example's ``setup_seconds`` (rank 0's construction of the compressor:
+    until session 55 the methods with numba kernels loaded them there, ~1 s; what every
+    method's job pays alike, the optimizer, Horovod's broadcasts and the wait in them for the
+    other ranks' start-up, 2-5 s here and varying by seconds, is left out), which a user's job
+    pays once (0.0 in records without it). Seconds to a step: the run's training seconds up to that step of its curve,
     before its evaluation (its first step, the trace and Horovod's first negotiations
     included; empty in records from before session 64)."""
     found = {}

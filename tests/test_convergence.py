@@ -169,10 +169,12 @@ def test_each_round_is_compared_with_the_baselines_run_of_the_same_round():
              "gap": -10.0, "steps": 40}]
     add_times(rows, timing, ["1gbit"])
     none, marsit, late = (r["times"]["1gbit"] for r in rows)
-    to = {1: (1.0 + 5.0 + 29 * 0.01) / (5.0 + 19 * 0.01), 2: (1.0 + 10.0 + 29 * 0.02) / (9.0 + 19 * 0.02)}
+    to = {1: (1.0 + 5.0 + 29 * 0.01) / (5.0 + 19 * 0.01),
+          2: (1.0 + 10.0 + 29 * 0.02) / (9.0 + 19 * 0.02)}
     assert len(marsit["x_none_rounds"]) == 2
     assert all(math.isclose(a, to[k]) for a, k in zip(marsit["x_none_rounds"], (1, 2)))
-    whole = [(1.0 + 5.0 + 39 * 0.01) / (5.0 + 39 * 0.01), (1.0 + 10.0 + 39 * 0.02) / (9.0 + 39 * 0.02)]
+    whole = [(1.0 + 5.0 + 39 * 0.01) / (5.0 + 39 * 0.01),
+             (1.0 + 10.0 + 39 * 0.02) / (9.0 + 39 * 0.02)]
     assert all(math.isclose(a, b) for a, b in zip(marsit["run_x_none_rounds"], whole))
     assert "x_none_rounds" not in late and len(late["run_x_none_rounds"]) == 3
     assert math.isclose(late["run_x_none_rounds"][2], (5.5 + 0.39) / (5.0 + 0.39))
