@@ -6,17 +6,17 @@ Change one argument of a stock Horovod script::
                                    compression=hvdcomp.Marsit)
 
 Each public compressor works passed bare (the class: one shared default instance) or configured
-(``hvdcomp.Marsit(seed=1)``: an instance with its own state). See README.md.
+(``hvdcomp.Marsit(seed=1)``: an instance with its own state). See README.md and docs/.
 """
 import sys as _sys
 
 from hvdcomp import loss_scale as _loss_scale
 from hvdcomp import registry as _registry
 from hvdcomp.algorithms.adam import AdamSettings
-from hvdcomp.errors import (HvdcompError, JoinError, LaunchError, NonFiniteGradientError,
-                            RankMismatchError, SetupMismatchError, UnnamedTensorError,
-                            UnsupportedOpError, UnsupportedOptimizerError,
-                            UnsupportedTensorError)
+from hvdcomp.errors import (DirectCallWarning, HvdcompError, JoinError, LaunchError,
+                            NonFiniteGradientError, RankMismatchError, SetupMismatchError,
+                            StateNotRestoredWarning, UnnamedTensorError, UnsupportedOpError,
+                            UnsupportedOptimizerError, UnsupportedTensorError)
 from hvdcomp.facade import BatchedCompressor
 from hvdcomp.stats import StepStats
 from hvdcomp.loss_scale import set_loss_scale
@@ -30,9 +30,9 @@ if "horovod.torch" in _sys.modules:  # hvd.join() raises instead of hanging (ibi
 
 DEFAULT = _registry.METHODS["Marsit"]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [*_registry.METHODS, "DEFAULT", "AdamSettings", "BatchedCompressor", "StepStats",
            "set_loss_scale", "HvdcompError",
            "LaunchError", "NonFiniteGradientError", "RankMismatchError", "SetupMismatchError",
            "UnsupportedOpError", "UnsupportedTensorError", "UnnamedTensorError", "JoinError",
-           "UnsupportedOptimizerError"]
+           "UnsupportedOptimizerError", "StateNotRestoredWarning", "DirectCallWarning"]

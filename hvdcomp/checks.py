@@ -24,14 +24,15 @@ Horovod runs ranks that MPI does not know (a Gloo launch).
 """
 import hashlib
 import sys
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from hvdcomp.comm import get_context
-from hvdcomp.errors import (JoinError, LaunchError, NonFiniteGradientError, RankMismatchError,
-                            SetupMismatchError, UnsupportedOpError, UnsupportedOptimizerError,
-                            UnsupportedTensorError)
+from hvdcomp.errors import (DirectCallWarning, JoinError, LaunchError, NonFiniteGradientError,
+                            RankMismatchError, SetupMismatchError, StateNotRestoredWarning,
+                            UnsupportedOpError, UnsupportedOptimizerError, UnsupportedTensorError)
 
 OK, NONFINITE, UNSUPPORTED = 0, 1, 2
 # The first value of the header ``agree`` gathers, where it is not a batch's tensor count:
@@ -245,6 +246,38 @@ def inner_optimizer(who, setting, found, rank):
         "diverges). Use plain SGD (torch.optim.SGD(params, lr=..., momentum=0), "
         "tf.keras.optimizers.SGD(lr)) or Adam, or keep your optimizer and compress without "
         f"{setting} (e.g. compression=hvdcomp.Marsit) (raised on rank {rank})")
+
+
+def resumed_without_state(who, steps, rank):
+    """Warn (``StateNotRestoredWarning``, once per compressor and optimizer) where the user's
+    optimizer has taken ``steps`` steps before its first gradient reaches compressor ``who`` (its
+    name), whose state is empty: a resume from a checkpoint that holds the model and optimizer
+    but not the compressor. Every rank loaded the same checkpoint, so every rank warns."""
+    if not steps:
+        return
+    warnings.warn(
+        f"hvdcomp {who}: the optimizer resumes after {steps} step(s) (its state was loaded), "
+        "but this compressor starts with empty state: what it kept of the steps before the "
+        "checkpoint (error memory, momentum) is lost, and training continues on another trajectory than without the "
+        "interruption. Save the compressor's state with your checkpoint "
+        "(state = compression.state_dict(all_ranks=True), called on every rank, saved by rank 0) "
+        "and restore it after loading the optimizer (compression.load_state_dict(state)); on "
+        "another number of ranks it cannot be re-split, and starting empty is the only choice "
+        f"(raised on rank {rank})", StateNotRestoredWarning, stacklevel=2)
+
+
+def direct_call_compressed(who, name, rank):
+    """Warn once (``DirectCallWarning``) that compressor ``who`` compresses a direct
+    ``hvd.allreduce``/``grouped_allreduce`` call (``name``, the first) as a gradient."""
+    warnings.warn(
+        f"hvdcomp {who}: hvd.allreduce(name={name!r}) and the other direct calls to this "
+        "compressor, which serves no optimizer, are compressed as gradients of your own "
+        "training loop: each "
+        "result is the ranks' mean plus a compression error that error feedback carries into the "
+        "next call of the same name. That is right for gradients applied every step, wrong for a "
+        "value you read (a metric, a count): reduce those with compression=hvd.Compression.none "
+        "(a compressor that serves an optimizer sums direct calls of new names exactly) "
+        f"(raised on rank {rank})", DirectCallWarning, stacklevel=2)
 
 
 def _differences(lists, size):

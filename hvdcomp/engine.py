@@ -67,7 +67,7 @@ class QuietSteps:
     probes, which then observes a quiet step every other step, but ``EVERY`` while its probe
     waits for the user's Adam's warm-up (``Decision.waiting``: nothing to time; on the emulated
     cluster an agreement every other step doubled those steps, 20-39 ms against Horovod's
-    10-17, session 65); every rank counts the same steps), for a batch of the same size, all
+    10-17 on 2026-12-03); every rank counts the same steps), for a batch of the same size, all
     by Horovod. Why: after Horovod's allreduce one more collective costs about as much as
     Horovod's whole allreduce of a small model (4 ranks, digits MLP: 5.4 ms/step under
     ``hvd.Compression.none``, 9 ms with an agreement every step; one every 16 steps still

@@ -46,3 +46,14 @@ class UnnamedTensorError(HvdcompError):
     # Exception's own __init__: AutoGraph then re-raises it from inside a tf.function as this
     # class (with its "in user code" trace), not as a generic StagingError.
     __init__ = Exception.__init__
+
+
+class StateNotRestoredWarning(UserWarning):
+    """The user's optimizer resumes from a checkpoint while the compressor starts with empty
+    state (its error memory was not saved or not restored): training goes on, on another
+    trajectory than the uninterrupted run (``hvdcomp.checks.resumed_without_state``)."""
+
+
+class DirectCallWarning(UserWarning):
+    """A direct ``hvd.allreduce``/``grouped_allreduce`` call is compressed as a gradient (with
+    error feedback): wrong for a value the user reads (``hvdcomp.checks.direct_call_compressed``)."""

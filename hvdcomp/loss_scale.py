@@ -22,14 +22,19 @@ Where ``s`` comes from, in order:
    before that are found once, at the first torch gradient).
 3. Otherwise 1.
 
+In TensorFlow, the user's Keras ``LossScaleOptimizer`` (``mixed_float16``) is read in the step
+op itself and applies ahead of these rules (``given``).
+
 The ranks must use the same scale in a step; the engine checks it (``hvdcomp.checks.agree``).
 """
+import contextlib
 import gc
 import math
 import sys
 import weakref
 
 _manual = None  # the scale set by set_loss_scale(), or None
+_given = None  # the scale of a graph front end's step under way (given), or None
 _last_scaler = None  # a weakref to the GradScaler whose scale() was called last
 _watching = False
 
@@ -50,12 +55,26 @@ def set_loss_scale(scale):
 
 def current():
     """The loss scale of the step about to be reduced (a float > 0; 1.0 without scaling)."""
+    if _given is not None:
+        return _given
     if _manual is not None:
         return _manual
     scaler = _last_scaler() if _last_scaler is not None else None
     if scaler is None or not scaler.is_enabled():
         return 1.0
     return float(scaler.get_scale())
+
+
+@contextlib.contextmanager
+def given(scale):
+    """The loss scale of the steps reduced inside: a graph front end's, read in the step op
+    from the user's Keras ``LossScaleOptimizer`` (1.0: none), ahead of the other rules."""
+    global _given
+    _given = None if scale == 1.0 else scale
+    try:
+        yield
+    finally:
+        _given = None
 
 
 def watch_grad_scalers(scan=False):

@@ -41,13 +41,13 @@ class Marsit(Method):
             every rank; each rank's memory also keeps its own gradient noise as a random walk,
             which grows without bound on long runs) or 'local' (EF-signSGD style:
             ``e = p - s * sign(p)`` with this rank's own scale s; the merge noise is then left
-            uncompensated). Formulas in ``hvdcomp.algorithms.marsit``; measured accuracy of the
-            three in the README.
+            uncompensated). Formulas in ``hvdcomp.algorithms.marsit``; the three in
+            docs/options.md.
         seed: seed of the merge masks (with the step, rank and chunk: reproducible runs).
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
             hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``); precondition: None
-            (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``, for Adam users (README,
-            "With Adam").
+            (default), 'rms', or 'adam' / ``hvdcomp.AdamSettings(...)``, for Adam users
+            (docs/methods.md, "With Adam or AdamW").
     """
 
     name = "Marsit"

@@ -22,6 +22,7 @@ class Ownership:
         self.owners = {}  # key -> weakref to the parameter whose state is stored under key
         self.checked = weakref.WeakSet()  # optimizers whose parameter lists were agreed
         self.last_checked = _dead_ref  # a weakref to the one checked last (a per-tensor fast path)
+        self.direct = {}  # name -> whether a direct call of that name is a one-off (exact)
 
     def claim(self, key, owner, mid_step):
         """Record ``owner`` (a parameter or variable, or None) as the owner of ``key``'s state.
@@ -55,9 +56,32 @@ class Ownership:
         self.owners[key] = weakref.ref(owner)
         return verdict
 
+    def one_off(self, identity, adapter):
+        """Whether the tensor ``identity`` names comes from a direct call
+        (``hvd.allreduce(t, name=..., compression=...)``: no optimizer, no parameter; eager
+        front ends) of a one-off value the user reads, such as a metric, rather than a
+        gradient of their own loop: its name was first seen once this compressor already
+        served an optimizer's gradients. Such a call is summed exactly by Horovod (error
+        feedback would give a one-off value the error of a compressed message, and a value
+        sent again and again its accumulated memory). A compressor that serves direct calls
+        only compresses them as gradients, and warns once (``checks.direct_call_compressed``).
+        Decided per name, once, the same on every rank."""
+        if (identity.optimizer is not None or identity.owner is not None
+                or identity.call is not None or getattr(adapter, "DEFERRED", False)):
+            return False
+        key = identity.name
+        verdict = self.direct.get(key)
+        if verdict is None:
+            verdict = self.direct[key] = bool(self.owners)
+            if not verdict and len(self.direct) == 1:
+                checks.direct_call_compressed(self.who.method, key, world_rank())
+        return verdict
+
     def check_parameters(self, context, adapter, optimizer):
         """At ``optimizer``'s first gradient, before Horovod can stall on a tensor some rank
-        never submits: the optimizer must suit the compressor (``checks.inner_optimizer``), and
+        never submits: the optimizer must suit the compressor (``checks.inner_optimizer``), a
+        resumed optimizer meeting an empty compressor is warned about
+        (``checks.resumed_without_state``), and
         every rank of ``context()`` (the compressor's ``CommContext``, asked for
         only when there is something to check) must reduce the same parameters
         (``RankMismatchError`` naming the differences otherwise). One small all-gather, once per
@@ -74,6 +98,9 @@ class Ownership:
         if self.who.algorithm.under_sgd_momentum(momentum) and found is not None and momentum:
             found = None  # the compressor adapts to SGD's momentum (BinSGDM)
         checks.inner_optimizer(self.who.method, self.who.returns_step(), found, world_rank())
+        steps = getattr(adapter, "optimizer_steps", None)
+        if steps is not None and self.who.engine.step == 0 and not self.who.store.keys():
+            checks.resumed_without_state(self.who.method, steps(optimizer), world_rank())
         names = adapter.parameter_names(optimizer)
         if names is not None:
             checks.agree_names(context(), names, self.who.method,

@@ -81,7 +81,10 @@ class FollowAdam(Identity):
     ``exp_avg`` is set to ``M`` when the step lands, so that Adam's own update makes its
     momentum ``b1 M + (1-b1) M = M`` (exactly) and its second moment ``b2 v + (1-b2) M**2``
     (AdaMomentum's, as in ``precondition='adam'``); Adam's bias corrections, learning-rate
-    schedule and decoupled weight decay (AdamW) apply as usual. State kept by hvdcomp: the
+    schedule and decoupled weight decay (AdamW) apply as usual. Where the user changes the
+    gradient before Adam's step (clipping, scaling), the first moment is what Adam then reads
+    (``follow_gradient`` of the adapters' moments, where they have it), so that Adam's
+    update stays ``m / sqrt(v)`` of what it received. State kept by hvdcomp: the
     method's error memory only; Adam's moments stay in the user's optimizer (and its
     checkpoints)."""
 
@@ -135,6 +138,9 @@ class FollowAdam(Identity):
     def land(self):
         for moments, momentum in self._landing:
             moments.set_exp_avg(momentum)
+            follow = getattr(moments, "follow_gradient", None)
+            if follow is not None:
+                follow()
         for moments, memory in self._adding:
             moments.set_exp_avg(xp.add(memory, moments.exp_avg(memory), out=memory))
         self.drop()

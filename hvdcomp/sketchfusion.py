@@ -5,7 +5,7 @@ Per flush, all large gradients are compensated (``a = e + g``) and fused into on
 elements (as Marsit does: one message for the whole step); k = ceil(ratio * n).
 
 What travels, per rank and step (plain ring all-reduces ``hvdcomp.comm.ring``: its messages are
-large, where MPI's own all-reduce was 1.4-1.5x slower at 300 Mbit/s on 4 hosts, session 48, see
+large, where MPI's own all-reduce was 1.4-1.5x slower at 300 Mbit/s on 4 hosts, 2026-11-28, see
 ``hvdcomp.comm.ring``), as float16 (``wire``, default; ``hvdcomp.comm.float16_allreduce``) or
 float32, ``b`` bytes per value:
 - the r x c sketch: ``2 (size-1)/size * b r c`` bytes (sketches are linear: summed);
@@ -22,7 +22,7 @@ seeds, every step compressed): the first default, ratio 0.01 with 3 x 2k float32
 bytes), missed the uncompressed accuracy by 8.8 pp on a plain-SGD MLP after the same epochs (it
 needed about 4x the epochs) and by 3.3 pp on a CNN with momentum and a cosine schedule, 0.02 by
 2 pp: density is what the sparse step needs. 0.05 with 3 x 2k float32 (7k floats, 0.35 of fp32)
-was within 0.3 pp on both. Session 50 kept the density and cut the bytes: 3 x 2k float16 -0.19
+was within 0.3 pp on both. The density kept, the bytes cut (2026-11-29): 3 x 2k float16 -0.19
 / +0.46 pp (0.18 of fp32), 3 x k float16 -0.46 / -0.28 (0.11), 1 x 2k float16 -0.28 / +0.09
 (0.08; the default), against float32's 3 x 2k -0.09 / +0.09 in the same job. A sketch of 3 x 2k
 is too narrow to recover the heavy hitters precisely anyway: the k positions it picks are noisy,
@@ -103,7 +103,7 @@ class SketchFusion(Method):
         wire: "float16" (default): the summed table and the exact values travel as float16
             (``hvdcomp.comm.float16_allreduce``: half the bytes; each rank's own rounding of
             its exact values stays in its memory; where a sum overflows float16, every rank
-            sums that buffer again in float32); "float32": as before session 50.
+            sums that buffer again in float32); "float32": the wire before 2026-11-29.
         seed: seed of the hashes (identical on every rank), >= 0.
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
             hvdcomp compressor (``hvdcomp.facade.BatchedCompressor``).

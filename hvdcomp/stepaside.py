@@ -15,7 +15,7 @@ updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of `
 What is sent: the *message* ``[u, s, 1, z]`` (``numel + 3`` elements, float32, or the gradient's
 float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros), summed exactly, by
 Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
-torch optimizers, one batch per step, unscaled gradients; under Adam since session 67, its
+torch optimizers, one batch per step, unscaled gradients; under Adam too, its
 moments set as the step is handed back, ``hvdcomp.facade.runtime.Runtime.stepped``),
 overlapping the backward pass as Horovod's allreduce of the gradient does; else by the step
 engine's float sum (``hvdcomp.engine``: TensorFlow, LayerFusion, scaled gradients). From the

@@ -101,7 +101,7 @@ def results(proc, tag="RESULT", case=None):
 
 def shared(launch):
     """``launch`` (a function of hashable arguments that starts an MPI job) run once per
-    arguments in a test session: every later call gets its result, or raises the exception it
+    arguments in one pytest run: every later call gets its result, or raises the exception it
     raised. Several parametrised tests then check their own cases of one launch (each case
     reported with ``case=``, ``results(proc, case=...)``) instead of paying the ranks' start-up
     (Python, torch or TensorFlow, Horovod, numba: 5-10 s per launch on 2 cores) each."""

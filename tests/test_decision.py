@@ -474,7 +474,7 @@ def test_on_real_ranks_the_float16_candidate_is_horovods_own_fp16_and_switches_b
 def test_ranks_whose_uncompressed_sums_would_differ_in_size_all_raise_instead_of_hanging():
     """A per-rank state that should be alike and is not (here: rank 0 made to carry its memory
     into the gradient while the others send ``[g, e]``, as PowerSGD's node stages did before
-    session 46) gives the ranks' float rings other sizes; hvdcomp checks the sizes in the step's
+    2026-11-28) gives the ranks' float rings other sizes; hvdcomp checks the sizes in the step's
     all-gather and every rank raises ``RankMismatchError`` naming them, nothing applied (the
     step number unchanged, parameters still bit-identical), where before some ranks failed in
     MPI and the others waited for ever."""
@@ -578,11 +578,11 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
         assert r["compress"]["summed"] == [small] * 70
         # the sum of the last gradient Horovod may sum (the last layer's bias) is handed over
         # by its take op, which runs after every other Horovod sum of the step, so the
-        # decision's window of a passed step ends after Horovod's sums (before session 57 the
+        # decision's window of a passed step ends after Horovod's sums (before 2026-12-02 the
         # op that marked a sum was removed by TensorFlow's graph optimiser: 0 per passed step;
-        # until session 74 it was the first layer's kernel's, whose sum need not come last);
+        # until 2026-12-06 it was the first layer's kernel's, whose sum need not come last);
         # under 'pass' on the steps whose window is read only: the agreed steps and the quiet
-        # step before each (session 59: before, on every step); under 'compress' beside the
+        # step before each (before 2026-12-02: on every step); under 'compress' beside the
         # one compressed tensor's (the first layer's kernel)
         agreed = [step for step, sent in enumerate(r["pass"]["sent"]) if sent > 0]
         assert agreed == [0, 16, 32, 64], r["pass"]["sent"]
@@ -590,10 +590,10 @@ def test_tensorflow_hands_passed_gradients_to_horovods_own_allreduce_in_the_trac
         assert r["pass"]["handed"] == read, r["pass"]["handed"]
         assert r["pass-skip"]["handed"] == [1] * 70, r["pass-skip"]["handed"]
         assert r["compress"]["handed"] == [2] * 70, r["compress"]["handed"]
-        # the step op reduces a batch on the agreed steps only (session 59: before, every step)
+        # the step op reduces a batch on the agreed steps only (before 2026-12-02: every step)
         assert r["pass"]["reduced"] == [int(step in agreed) for step in range(70)]
         # the plan op's Python runs on the agreed steps and the quiet ones beside each: the
-        # first quiet step grants the rest ahead (hvdcomp.engine.QuietGrant, session 62), and
+        # first quiet step grants the rest ahead (hvdcomp.engine.QuietGrant), and
         # the graph ends those itself; every step is counted all the same, read every step
         # ('pass') or only after the run ('pass-unread'), with the same figures
         beside = [int(step in agreed or step - 1 in agreed or step + 1 in agreed)
@@ -645,6 +645,6 @@ def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_s
             assert (row["voted"] > 0) == voted, row
             if not voted and "step_gap" in row:
                 assert row["step_gap"] <= 1e-5, row
-            if not voted:  # the message went by Horovod (under AdamW too, since session 67)
+            if not voted:  # the message went by Horovod (under AdamW too)
                 assert row["horovod_bytes"] > 0, row
         assert sum("step_gap" in row for row in r["steps"]) >= 7

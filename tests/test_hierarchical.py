@@ -104,7 +104,7 @@ def test_under_adamw_a_passed_tensor_hands_its_shards_memory_to_adams_momentum(n
     moments after that step are ``b1 m + (1 - b1) mean(g) + mean(e)`` and ``b2 v + (1 - b2)
     mean(g)**2`` on every rank, ``e`` the mean over nodes of the shard memories (PowerSGD: of
     the whole tensors' owners). Every rank sends ``[g, e]`` in that step, a rank without a
-    memory zeros: PowerSGD's non-owners sent ``g`` alone before session 46, a ring of other
+    memory zeros: PowerSGD's non-owners sent ``g`` alone before 2026-11-28, a ring of other
     sizes than the owner's (MPI_ERR_IN_STATUS on some ranks, the others waiting for ever)
     (tests/mpi/decision.py adam-carry)."""
     res = decision_results(name, 0.003, "adam-carry", COMPRESSED,

@@ -1,5 +1,6 @@
-"""The code layout the project keeps (README, "Layout"): no class in hvdcomp/ over 250 lines, no
-function over 60, and every public method module implements the method interface."""
+"""The code layout the project keeps (docs/how-it-works.md, docs/extending.md): no class in
+hvdcomp/ over 250 lines, no function over 60, and every public method module implements the
+method interface."""
 import ast
 import pathlib
 

@@ -85,7 +85,7 @@ def test_regimes_torch(tmp_path, paired):
 
 
 def test_regimes_tensorflow_keras_without_horovods_baselines(tmp_path):
-    """Keras's DistributedOptimizer (the tape's step ran in the session-45 benchmark; one
+    """Keras's DistributedOptimizer (the benchmark's other TensorFlow path is the tape; one
     TensorFlow job here, on 2 ranks, to keep the suite short: on 4 it took 135-179 s, Marsit's
     first step 94 s of it); without Horovod's fp32 / fp16 in the job, the table gives fractions
     without ratios."""

@@ -44,10 +44,10 @@ def test_eager_tf_function_and_keras(method, ranks):
         # one plan op and one batch op; per gradient a stateless take; Horovod's 6 conds
         # stateless; the choices per gradient by dataflow ops: what Horovod gets (2 switches,
         # 1 merge), and whether the result is Horovod's sum or take's (1 switch, 1 merge; for
-        # the gradient summed last, whose take hands back its sum, since session 59 too: a
+        # the gradient summed last, whose take hands back its sum, too: a
         # silent quiet step returns it in graph ops); the conds are Horovod's 6, the user's
-        # (use_aux, and its gradient), since session 59 the batch op's (not run on a quiet
-        # step) and since session 62 the countdown's (a step it ends runs no plan op)
+        # (use_aux, and its gradient), the batch op's (not run on a quiet step) and the
+        # countdown's (a step it ends runs no plan op)
         assert r["tape_ops"] == {"PyFunc": 2, "PyFuncStateless": 6, "hvd:If": 0,
                                  "hvd:StatelessIf": 6, "Switch": 18, "Merge": 12,
                                  "conds": 10}, r["tape_ops"]
@@ -158,7 +158,7 @@ def test_driving_the_users_keras_adam_costs_horovods_allreduce_function_no_secon
     """hvdcomp builds Keras Adam's moments in the trace of Horovod's allreduce function (a
     tf.function inside Keras's train function) to read them there; made as variables that
     function sees, they cost it a second trace (TensorFlow retraces a function that created
-    variables; before session 58 it was traced twice: under cProfile 4.7 s against 3.5 s for
+    variables; before 2026-12-02 it was traced twice: under cProfile 4.7 s against 3.5 s for
     Horovod's own compression's one trace), so they are made outside it (``hvdcomp.frontends.tensorflow.build_untraced``): one trace, as under
     Horovod's own compression."""
     res = results(tf_adam_launch(), case=name)

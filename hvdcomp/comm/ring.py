@@ -2,10 +2,10 @@
 own all-reduce for plain sums (``mpi_allreduce``, ``mean_allreduce``).
 
 Which one: the ring for the merges MPI cannot do (Marsit's and BinSGDM's bit merges) and for
-SketchFusion's large sums (as float16 since session 50: ``float16_allreduce``, its hops' partial
+SketchFusion's large sums (as float16: ``float16_allreduce``, its hops' partial
 sums rounded to float16 as Horovod's fp16 compression sums them); MPI's own for the engine's
 exact sums, PowerSGD's P and Q and TopK's
-sums at the selected indices. Measured on the emulated cluster (sessions 47-48):
+sums at the selected indices. Measured on the emulated cluster (2026-11-28):
 - the engine's exact sum alone: 20-30% faster through MPI at 0.1-1M elements, 2 x 2, 1 Gbit/s;
 - PowerSGD's few kB per tensor: 10-40% faster (about log2 P rounds run in C, where the ring
   takes 2 (P - 1) Python round trips); TopK: 0.6-1.0x the ring's time;

@@ -171,6 +171,8 @@ class BatchedCompressor:
             elif verdict == ownership.FORGET:
                 rt.engine.forget(ident.name)
             rt.ownership.check_parameters(rt.engine.context, adapter, ident.optimizer)
+            if rt.ownership.one_off(ident, adapter):
+                return tensor, None  # Horovod sums it as it is (Compression.none)
             if getattr(adapter, "DEFERRED", False):
                 # Graph front ends (TensorFlow) trace this once; decompress() builds the step,
                 # and what Horovod sums is chosen at each step (Deferred.sent).
@@ -193,11 +195,8 @@ class BatchedCompressor:
         communicated, state unchanged) and raises ``UnsupportedOpError``."""
         if getattr(ctx, "DEFERRED", False):
             return ctx.build(output)
-        if ctx is None and getattr(output, "is_sparse", False) is True:
-            # A sparse torch gradient (e.g. nn.Embedding(sparse=True)) without sparse_as_dense:
-            # horovod.torch reduced it itself (uncompressed all-gather of indices and values,
-            # already averaged) without calling compress(); it hands us the result, ctx None.
-            return output
+        if ctx is None:  # Horovod's own mean: a one-off direct value (Ownership.one_off), or a
+            return output  # sparse gradient horovod.torch reduced without calling compress()
         with self._lock:
             rt, pending, entry = self.runtimes.issued(ctx)
             try:  # Horovod applied the (mean or sum) op of an entry by_horovod itself

@@ -20,8 +20,8 @@ backward pass, as ``hvd.Compression.none`` does; the batch op only checks it. Di
 
 Ordering: the batch ops and the direct calls' ops are stateful, and ``tf.function`` runs
 stateful ops in program order (automatic control dependencies), so hvdcomp's collectives run in
-trace order, the same on every rank. TF1-style sessions (no automatic control dependencies) are
-not supported.
+trace order, the same on every rank. TF1-style graphs run by ``tf.compat.v1.Session`` (no
+automatic control dependencies) are not supported.
 
 Naming (``callers()``, ``hvdcomp.frontends.naming``): state is keyed by the variable's name (read
 from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
@@ -29,6 +29,7 @@ direct calls need ``name=``.
 """
 import collections
 import functools
+import math
 import os
 import sys
 import weakref
@@ -37,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from hvdcomp import checks, preconditioning
+from hvdcomp import checks, loss_scale, preconditioning
 from hvdcomp.engine import SUMMED, HorovodSum
 from hvdcomp.errors import UnsupportedTensorError
 from hvdcomp.frontends import Identity
@@ -263,6 +264,39 @@ def keras_adam(optimizer):
     return optimizer
 
 
+def driven_adam(optimizer, preconditioner):
+    """The user's Keras Adam whose moments ``preconditioner`` drives (``keras_adam``), or None."""
+    drives = isinstance(preconditioner, (preconditioning.FollowAdam, preconditioning.ThroughAdam))
+    return keras_adam(optimizer) if drives else None
+
+
+def clip_as_keras(optimizer, moments):
+    """Keras's own clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``, as its
+    ``_clip_gradients`` applies them) of the momenta that land as Adam's first moment
+    (``KerasAdamMoments.landed``): Keras clips them again as the gradients it receives, so its
+    update keeps the clipped momentum as its first moment, ``m / sqrt(v)`` of what it
+    received, as PyTorch's ``AdamMoments.follow_gradient`` does. ``global_clipnorm``'s norm is
+    taken over these momenta (the tensors hvdcomp compresses; the few small ones summed exactly
+    are left out of it). Not where the second moment is set too (``ThroughAdam``, whose update is
+    the step itself, within Adam's bound whatever Keras clips)."""
+    landed = [m.landed for m in moments
+              if m is not None and m.landed is not None and m.landed_v is None]
+    clipnorm, global_clipnorm, clipvalue = (getattr(optimizer, k, None) for k in
+                                            ("clipnorm", "global_clipnorm", "clipvalue"))
+    if not landed or not (clipnorm or global_clipnorm or clipvalue):
+        return
+    if clipnorm and clipnorm > 0:
+        for m in landed:
+            m *= clipnorm / max(float(np.linalg.norm(m)), clipnorm)
+    elif global_clipnorm and global_clipnorm > 0:
+        norm = math.sqrt(sum(float(np.dot(m, m)) for m in landed))
+        for m in landed:
+            m *= global_clipnorm / max(norm, global_clipnorm)
+    elif clipvalue and clipvalue > 0:
+        for m in landed:
+            np.clip(m, -clipvalue, clipvalue, out=m)
+
+
 def drivable_adam(optimizer):
     """Whether ``optimizer`` is a Keras Adam/AdamW whose moments hvdcomp can set
     (``keras_adam``, with ``beta_2 > 0``: ``hvdcomp.preconditioning.ThroughAdam``)."""
@@ -344,6 +378,17 @@ class KerasAdamMoments:
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
         self.landed = self.landed_v = None
 
+    @classmethod
+    def read(cls, values, moments, n, betas):
+        """Per gradient of a batch of ``n``, its moments (None where not driven), from the
+        step op's inputs ``values``: the moments of ``moments`` ((index, m, v or None) each, in
+        order: m, then v where driven), then Adam's step count."""
+        adam, read = [None] * n, iter(values[:-1])
+        for i, _, v in moments:
+            m = next(read).reshape(-1)
+            adam[i] = cls(m, None if v is None else next(read).reshape(-1), betas, values[-1])
+        return adam
+
     def steps(self):
         return self.step
 
@@ -418,6 +463,28 @@ def _working(tensor):
     return tf.cast(tensor, tf.float64 if tensor.dtype == tf.float64 else tf.float32)
 
 
+def keras_loss_scale_optimizer(frame, depth=400):
+    """The Keras ``LossScaleOptimizer`` (mixed precision) whose ``compute_gradients`` traces the
+    step that ``frame`` is in, or None. It multiplies the loss by its loss scale, Horovod's
+    optimizer inside it reduces the scaled gradients, and it divides them afterwards; hvdcomp
+    reduces them in unscaled units (``hvdcomp.loss_scale``), so that its state and the user's
+    Adam moments it drives keep one scale."""
+    while frame is not None and depth:
+        owner = frame.f_locals.get("self")
+        if type(owner).__name__.startswith("LossScaleOptimizer") and hasattr(owner, "loss_scale"):
+            return owner
+        frame, depth = frame.f_back, depth - 1
+    return None
+
+
+def scale_of(scaler):
+    """The step's loss scale as a float32 tensor: ``scaler``'s (``keras_loss_scale_optimizer``),
+    or 1."""
+    if scaler is None:
+        return tf.constant(1.0, tf.float32)
+    return tf.cast(scaler.loss_scale, tf.float32)
+
+
 class StepBatch:
     """The gradients of one traced ``allreduce_grads`` call (``GradientsCall``), reduced at
     every step as one batch by one op, but for those that Horovod's own allreduce sums.
@@ -430,8 +497,7 @@ class StepBatch:
     after it, by data dependency) and returns the gradient's result, times the op factor its own
     reduced placeholder shows. The take ops are stateless, so Horovod's tf.cond around each
     placeholder stays stateless and TensorFlow runs the placeholders' allreduces together, as
-    without hvdcomp (a stateful op in each cond would run them one after another, one Horovod
-    cycle each).
+    without hvdcomp (a stateful op in each cond would run them one Horovod cycle apart).
 
     What Horovod sums: ``plan_op()``, built once beside the step op and run first in each step,
     says per key whether the step hands that gradient to Horovod's allreduce itself
@@ -457,9 +523,8 @@ class StepBatch:
         self.compressor, self.call, self.process_set = compressor, call, process_set
         runtime = compressor.runtimes.for_set(process_set)  # hvdcomp.facade.runtime
         self.ranks = runtime.ranks
-        drives = isinstance(runtime.preconditioner,
-                            (preconditioning.FollowAdam, preconditioning.ThroughAdam))
-        self.adam = keras_adam(optimizer) if drives else None
+        self.adam = driven_adam(optimizer, runtime.preconditioner)
+        self.scaler = keras_loss_scale_optimizer(sys._getframe(1))  # mixed precision
         # the second moment is read and written only where ThroughAdam sets it
         self.second = isinstance(runtime.preconditioner, preconditioning.ThroughAdam)
         self.moments = []  # (index in keys, Keras Adam's first moment, second or None): step_op
@@ -497,8 +562,8 @@ class StepBatch:
         every step whose exchange window is read (every step but the ``silent`` ones), Horovod's
         sum included, ending the decision's window there: the last passable gradient of the
         call (``closing``, traced last), whose take waits for every other result
-        (``_results_since``): no one sum is known to come last (session 74: closed at the first
-        variable's sum, ResNet-50's passed tape step read 1.1-1.6 s short). The others' sums
+        (``_results_since``): no one sum is known to come last (closed at the first variable's
+        sum until 2026-12-06, ResNet-50's passed tape step read 1.1-1.6 s short). The others' sums
         are handed back in graph ops, where a Python op per gradient would cost ~0.1 ms per
         gradient and step (the 6-tensor MLP of recipe (d): 3.3 -> 5.0 ms)."""
         return index == self.closing
@@ -574,7 +639,8 @@ class StepBatch:
                 def reduce():
                     if self.adam is not None:
                         return self._reduce_following_adam(plan)
-                    values = [plan] + [_working(self.tensors[k]) for k in self.keys]
+                    values = [plan, scale_of(self.scaler)]
+                    values += [_working(self.tensors[k]) for k in self.keys]
                     return tf.numpy_function(self._reduce, values, tf.float32, stateful=True,
                                              name=f"hvdcomp_{self.compressor.method}_step")
 
@@ -604,7 +670,7 @@ class StepBatch:
                 self.moments.append((i, opt._momentums[slot],
                                      opt._velocities[slot] if self.second else None))
         variables = [var for _, m, v in self.moments for var in (m, v) if var is not None]
-        values = [plan] + [_working(self.tensors[k]) for k in self.keys]
+        values = [plan, scale_of(self.scaler)] + [_working(self.tensors[k]) for k in self.keys]
         values += [var.read_value() for var in variables] + [tf.identity(opt.iterations)]
         out = tf.numpy_function(self._reduce, values, [tf.float32] * (1 + len(variables)),
                                 stateful=True, name=f"hvdcomp_{self.compressor.method}_step")
@@ -613,23 +679,21 @@ class StepBatch:
         with tf.control_dependencies(assigns):
             return tf.identity(out[0])
 
-    def _reduce(self, plan, *values):
+    def _reduce(self, plan, scale, *values):
         self.results = {}
         grads, adam = values[:len(self.keys)], None
         if len(values) > len(self.keys):  # _reduce_following_adam: moments, then the step count
-            adam = [None] * len(self.keys)
-            read = iter(values[len(self.keys):-1])
-            for i, _, v in self.moments:
-                m = next(read).reshape(-1)
-                adam[i] = KerasAdamMoments(m, None if v is None else next(read).reshape(-1),
-                                           (self.adam.beta_1, self.adam.beta_2), values[-1])
-        flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam,
-                                                 process_set=self.process_set, by_horovod=plan)
+            adam = KerasAdamMoments.read(values[len(self.keys):], self.moments, len(self.keys),
+                                         (self.adam.beta_1, self.adam.beta_2))
+        with loss_scale.given(float(scale)):
+            flats = self.compressor.reduce_batch_now(self.keys, grads, adam=adam,
+                                                     process_set=self.process_set, by_horovod=plan)
         self.results = dict(zip(self.keys, flats))
         fills = np.array([f.fill if isinstance(f, HorovodSum) and f.fill is not None else np.inf
                           for f in flats], dtype=np.float32)
         if adam is None:
             return fills
+        clip_as_keras(self.adam, adam)
         return [fills] + [moment for i, _, v in self.moments for moment in (
             (adam[i].momentum(),) if v is None else (adam[i].momentum(), adam[i].second()))]
 
@@ -658,7 +722,7 @@ class StepBatch:
         so a sum goes through it without one (on host memory). An op that only marked the window
         beside a sum in graph ops would not run: TensorFlow's graph optimiser removes a
         stateless op whose output is only a control input or a shape it can infer (until
-        session 57, the window of a step that passed every gradient ended at the step op,
+        2026-12-02, the window of a step that passed every gradient ended at the step op,
         before Horovod's allreduces had finished)."""
         flat = self.results.pop(key)
         self.compressor.handed_over(self.process_set)

@@ -148,6 +148,22 @@ def optimizer_kind(optimizer):
     return None if momentum == 0.0 else f"{name} with momentum={momentum:g}"
 
 
+def optimizer_steps(optimizer):
+    """How many steps ``optimizer`` has trained before: where some per-parameter state it keeps
+    (Adam's moments, SGD's momentum buffers) is not zero, Adam's ``state['step']`` (the
+    largest) or 1; else 0, also after Horovod's ``broadcast_optimizer_state`` has made a new
+    optimizer's state with a zero gradient (``hvdcomp.checks.resumed_without_state``)."""
+    trained, steps = False, 1
+    for state in getattr(optimizer, "state", {}).values():
+        for key, value in state.items():
+            if key == "step":
+                steps = max(steps, int(value))
+            elif (not trained and torch.is_tensor(value) and value.is_floating_point()
+                  and bool(value.any())):
+                trained = True
+    return steps if trained else 0
+
+
 def sgd_momentum(optimizer):
     """The momentum of a ``torch.optim.SGD`` (the largest of its groups'), or 0.0 for any other
     optimizer."""
@@ -160,10 +176,11 @@ class AdamMoments:
     """The moments a user's ``torch.optim.Adam``/``AdamW`` keeps for one parameter (its
     ``optimizer.state[p]``, filled by the optimizer's first step), as
     ``hvdcomp.preconditioning.FollowAdam`` and ``ThroughAdam`` read and drive them."""
-    __slots__ = ("state", "beta1", "beta2")
+    __slots__ = ("state", "beta1", "beta2", "param", "optimizer")
 
-    def __init__(self, state, betas):
+    def __init__(self, state, betas, param=None, optimizer=None):
         self.state, self.beta1, self.beta2 = state, float(betas[0]), float(betas[1])
+        self.param, self.optimizer = param, optimizer
 
     def started(self):
         """Whether the optimizer has created its state (at its first step)."""
@@ -189,6 +206,43 @@ class AdamMoments:
         """Make ``second`` (flat, NumPy or a tensor) the second moment."""
         _copy_flat(self.state["exp_avg_sq"], second)
 
+    def follow_gradient(self):
+        """Make the gradient the optimizer's coming ``step()`` reads (``p.grad`` then) the first
+        moment, just before that step: the momentum ``set_exp_avg`` landed at ``synchronize()``
+        was handed over as the gradient, and a user may change it before stepping (clipping by
+        norm or value, scaling, zeroing: Horovod's ``synchronize()`` / ``skip_synchronize()``
+        recipe). Adam's update is then ``m / sqrt(v)`` of the gradient it received, within Adam's
+        bound, as uncompressed. Forgotten at the next step's first gradient (``adam_moments``)
+        or after the optimizer's step."""
+        if self.param is None or self.optimizer is None:
+            return
+        following = _FOLLOWING.get(self.optimizer)
+        if following is None:
+            following = _FOLLOWING[self.optimizer] = {}
+            _watch_steps(self.optimizer)
+        following[id(self.param)] = self
+
+
+def _watch_steps(optimizer):
+    """Hooks on ``optimizer``'s ``step()`` for ``AdamMoments.follow_gradient``. torch runs them
+    around Horovod's ``step()`` (whose ``synchronize()`` lands the momenta) and, where the
+    user's Adam class is hooked too (any Adam created before), around Adam's own step inside
+    it: the last pre-hook before Adam's update sees the gradient Adam reads."""
+    def before(opt, args, kwargs):
+        for moments in _FOLLOWING.get(opt, {}).values():
+            grad = moments.param.grad
+            if grad is not None and moments.started() and not grad.is_sparse:
+                moments.state["exp_avg"].copy_(grad.detach())
+
+    def after(opt, args, kwargs):
+        _FOLLOWING.get(opt, {}).clear()
+
+    optimizer.register_step_pre_hook(before)
+    optimizer.register_step_post_hook(after)
+
+
+_FOLLOWING = weakref.WeakKeyDictionary()  # optimizer -> {id(parameter): its AdamMoments}
+
 
 def _copy_flat(moment, values):
     moment.view(-1).copy_(torch.as_tensor(values).to(moment.device, moment.dtype))
@@ -207,7 +261,10 @@ def adam_moments(identity):
     group = groups.get(id(identity.owner))
     if group is None or group.get("amsgrad") or group.get("maximize"):
         return None
-    return AdamMoments(opt.state[identity.owner], group["betas"])
+    following = _FOLLOWING.get(opt)
+    if following:  # a new step's gradient: the last step's are not followed any more
+        following.clear()
+    return AdamMoments(opt.state[identity.owner], group["betas"], identity.owner, opt)
 
 
 def drivable_adam(optimizer):

@@ -3,7 +3,7 @@
 hvd.DistributedOptimizer(SGD): PowerSGD (no kernels of its own) 20 steps with
 ``decision='pass', on_nonfinite='skip'``, so that hvdcomp checks every tensor Horovod sums at
 every step (NumPy's check, numba not loaded), rank 1's batch holding a NaN at step NAN_STEP;
-then Marsit (whose kernels its constructor loaded until session 55) 20 steps with
+then Marsit (whose kernels its constructor loaded until 2026-12-01) 20 steps with
 ``decision='pass'``; then Marsit with ``decision='compress'`` (compressing for good from its
 first step) 4 steps. Reports per run: the steps that ended bit-identical on every rank, the
 steps skipped, whether numba was imported after it, and which kernels were loaded."""

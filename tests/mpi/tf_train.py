@@ -3,9 +3,9 @@ eager hvd.allreduce, DistributedGradientTape inside tf.function (with a retrace 
 that gets no gradient on some steps), and Keras model.fit with hvd.keras' DistributedOptimizer;
 variables bit-identical across ranks after every step. Args: one or more cases of two each,
 ``method epochs`` (method: a preset of hvdcomp/registry.py, e.g. marsit, built with its
-defaults; SGD at its "tf-test" rate), run one after the other in this launch (Keras's session
-cleared before each, so its variables have the same names in every case); each reports its
-fields with ``case=method``."""
+defaults; SGD at its "tf-test" rate), run one after the other in this launch
+(``tf.keras.backend.clear_session()`` before each, so its variables have the same names in
+every case); each reports its fields with ``case=method``."""
 import hashlib
 import os
 import sys
