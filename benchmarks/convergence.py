@@ -250,12 +250,12 @@ class Timed(NamedTuple):
 def timed_rounds(timing, task, rate):
     """method -> one ``Timed`` per round (``--timing-rounds``) of the ``task`` runs timed at link
     ``rate``. Setup: the example's ``setup_seconds`` (rank 0's construction of the compressor:
-    until session 55 the methods with numba kernels loaded them there, ~1 s; what every
+    until 2026-12-01 the methods with numba kernels loaded them there, ~1 s; what every
     method's job pays alike, the optimizer, Horovod's broadcasts and the wait in them for the
     other ranks' start-up, 2-5 s here and varying by seconds, is left out), which a user's job
     pays once (0.0 in records without it). Seconds to a step: the run's training seconds up to that step of its curve,
     before its evaluation (its first step, the trace and Horovod's first negotiations
-    included; empty in records from before session 64)."""
+    included; empty in records from before 2026-12-03)."""
     found = {}
     for r in timing:
         if r["task"] == task and r.get("rate") == rate and "error" not in r:
@@ -272,7 +272,7 @@ def held_step(summary, seconds_to):
     (``seconds_to``: step -> seconds to it, from ``timed_rounds``): what the run's steps cost
     once the trace, Horovod's first negotiations and the compress-or-pass decision's first probe
     are behind it, which a whole-run mean spreads over every step. Runs whose curve carries no
-    seconds (before session 64), or only one point past step 0, give the whole run's mean."""
+    seconds (before 2026-12-03), or only one point past step 0, give the whole run's mean."""
     points = sorted((st, s) for st, s in seconds_to.items() if st > 0)
     if len(points) < 2:
         return summary["seconds"] / summary["steps"]
@@ -286,7 +286,7 @@ def time_to(steps, rounds):
     each one's seconds to that step (a user's job: its first step, which is most of a short
     job, counted once); else ``"steps x mean step"``, ``steps`` times the median of the whole
     runs' mean step (which spreads the first step over every step; records from before
-    session 64). Setup is not included."""
+    2026-12-03). Setup is not included."""
     if rounds and all(steps in t.to for t in rounds):
         return statistics.median(t.to[steps] for t in rounds), "timed"
     return steps * statistics.median(t.step for t in rounds), "steps x mean step"
@@ -412,12 +412,11 @@ def timing_order(every, k):
     balanced Latin square (Williams's: the sequence 0, 1, n-1, 2, n-2, ... shifted by ``k``).
     Over ``n = len(every)`` rounds each configuration runs once at each place and, for an even
     ``n``, right after each other one once; in any two rounds it follows two different ones.
-    So neither its place in a round nor the run before it favours one. Until session 59 the
+    So neither its place in a round nor the run before it favours one. Until 2026-12-02 the
     order was rotated, which keeps every run's predecessor, so an effect of the run before could
-    not be told from the configuration's own speed (in session 59's run of recipe (d),
-    `results/tta-s59-keras/`, `none` came right after the compute ceiling in two rounds and was
-    fastest in those; in this order, `results/tta-s59-keras-b/`, it was still fastest in two
-    of three rounds: the order was not what made it so)."""
+    not be told from the configuration's own speed (in a run of recipe (d) on 2026-12-02, `none`
+    came right after the compute ceiling in two rounds and was fastest in those; in this order
+    it was still fastest in two of three rounds: the order was not what made it so)."""
     n = len(every)
     base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
     return [every[(b + k) % n] for b in base]

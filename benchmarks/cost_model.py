@@ -11,7 +11,7 @@ codec on a core of its own (``codec_elements``: the gradient's elements, or in n
 rank's shard of them, elements / ranks per node; fitted on them times the run's ranks per core:
 the emulated ranks share the machine's cores; predictions take one core per rank), e: seconds
 per element of the node stages' float32 passes (``stage_elements``: the gradient's elements in
-node stages, else 0; session 50: with one term for both, c, SketchFusion's staged fit missed
+node stages, else 0; 2026-11-29: with one term for both, c, SketchFusion's staged fit missed
 2 x 2 and 4 x 1 by 20% in opposite directions, its codec work per rank being half as large at 2
 x 2), d: seconds per call whatever the layout
 and size (hvdcomp's per-call Python, the batch's agreement all-gather, a collective's set-up:
@@ -163,7 +163,7 @@ def fit(points):
     elements column), relative errors. The non-negative coefficients with the smallest largest
     relative error over the points (a Chebyshev fit, a linear program): the model is held to
     its largest error on each layout, which a least-squares fit leaves to a few points (9-29%
-    on session 48's pooled data before TopK's and PowerSGD's re-measure, where this fit gave
+    on the pooled data of 2026-11-28 before TopK's and PowerSGD's re-measure, where this fit gave
     8-22%)."""
     t = np.array([p[0] for p in points])
     X = np.array([[p[1], p[2] / p[3], *p[4:], 1.0] for p in points], dtype=np.float64)

@@ -1,7 +1,7 @@
 """Rank script: ``regimes.py`` where a method's ``@decision=fp16`` holds the decision's float16
 candidate (``hvdcomp.decision.HALF``: every tensor passed to Horovod in float16) from the first
 step, which no public mode forces, so that this path can be timed against Horovod's own
-``Compression.fp16`` in one job (session 74: a method that chose it had run 0.92x fp16).
+``Compression.fp16`` in one job (2026-12-06: a method that chose it had run 0.92x fp16).
 Benchmark-only: it patches ``Decision.observe``; fails where the candidate is not offered.
 
     benchmarks/cluster.sh up 2 750mbit

@@ -16,7 +16,7 @@ their ratio, and each rank's idle CPU.
     mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1 -x OMPI_MCA_mpi_yield_when_idle=1 \
         .venv/bin/python benchmarks/horovod_spin.py            # add -x HOROVOD_CYCLE_TIME=5
 
-Session 66's readings are in benchmarks/time_to_accuracy.md ("Session 66").
+Readings: benchmarks/README.md ("An idle Horovod beside hvdcomp's round trips").
 """
 import argparse
 import os

@@ -11,8 +11,7 @@ The method is Horovod's ``none``/``fp16`` or a registry preset, with ``@key=valu
 Python literals (``"topk@decision='compress'"``). Environment: ``EPOCHS`` (default 20),
 ``OPTIMIZER`` (``adam``, the recipe's, or ``sgd``: Keras SGD at lr 0.1, to tell Adam's part of a
 step from the rest), ``STEPS_SHOWN`` (default 0): also print the first that many steps' times
-and the median and p90 of steps 2 on. Sessions 57, 61 and 67's readings are in
-benchmarks/time_to_accuracy.md.
+and the median and p90 of steps 2 on.
 """
 import logging
 import os

@@ -9,15 +9,15 @@ Models, written here (torchvision's wheel does not load beside this CPU torch):
   11.7M parameters in 62 tensors), as Horovod's ``pytorch_synthetic_benchmark.py``: synthetic
   images (``--image`` pixels square, default 224 as Horovod's benchmark; the parameter shapes,
   which set the traffic, do not depend on it, but the computation per parameter does, and with
-  it the share of a step that hvdcomp's codec takes: at 64 pixels, what sessions 40-71 ran to
-  keep a CPU step short, a step computes 12x less against the same codec work, so its
+  it the share of a step that hvdcomp's codec takes: at 64 pixels, what this benchmark ran until
+  2026-12-05 to keep a CPU step short, a step computes 12x less against the same codec work, so its
   fractions of the ceiling understated what a user's 224-pixel job sees), batch ``--batch`` (8)
   per rank, SGD(lr 0.01).
 - ``resnet50``: the same with Bottleneck [3, 4, 6, 3] (25.6M parameters in 161 tensors).
 - ``gpt``: a GPT-style causal transformer LM (``--layers`` 8, d_model 512, 8 heads, feed-forward
   2048, vocabulary 8192, learned positions, tied output; ~30M parameters in ~100 tensors),
   sequences of ``--seq`` (64) tokens, batch ``--batch``, AdamW(lr 1e-4): the user's optimizer,
-  kept (hvdcomp follows or sets its moments: "With Adam or AdamW" in the README).
+  kept (hvdcomp follows or sets its moments: docs/methods.md, "With Adam or AdamW").
 
 Configurations (``--methods``): ``ceiling`` (the user's optimizer alone, no exchange: every rank
 trains on the same shared cores, so this is the step with the gradient exchange removed),

@@ -14,13 +14,13 @@
 # cost_model.md (benchmarks/cost_model.py), and prints the table. The cluster is removed on exit,
 # also after a failure or Ctrl-C. About 10-15 minutes on a 2-core machine with the defaults.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_job.sh"
 RATES=${RATES:-"100mbit 1gbit 10gbit"}
 SIZES=${SIZES:-1M,5M,25M}
 REPS=${REPS:-3}
 JOB_TIMEOUT=${JOB_TIMEOUT:-900}
 OUT=${OUT:-$ROOT/results/bench-$(date +%Y%m%d-%H%M%S)}
-cluster_session "${RATES%% *}"
+cluster_job "${RATES%% *}"
 
 for rate in $RATES; do
     "$CLUSTER" rate "$rate"

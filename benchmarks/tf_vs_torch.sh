@@ -16,12 +16,12 @@
 # ms/step, speedup over Horovod fp32 and fp16 of the same job, TF/PyTorch step ratio) and
 # tf_vs_torch.png (benchmarks/report.py --tf-vs-torch). About 25 minutes on a 2-core machine.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_job.sh"
 RATES=${RATES:-"1gbit 100mbit"}
 MODELS=${MODELS:-"mlp48 mlp"}
 STEPS=${STEPS:-3}
 OUT=${OUT:-$ROOT/results/tf-vs-torch-$(date +%Y%m%d-%H%M%S)}
-cluster_session "${RATES%% *}"
+cluster_job "${RATES%% *}"
 job() {  # job RATE SCRIPT ARGS...: one job on the cluster; a failed job is reported, the rest go on
     local rate=$1 script=$2; shift 2
     "$CLUSTER" run --per-host "$PER_HOST" --timeout 1200 -- "$PY" "$HERE/$script" \

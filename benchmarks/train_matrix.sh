@@ -14,13 +14,13 @@
 # rest, bytes sent, x fp32, x fp16) and train_matrix.png (benchmarks/report.py --train).
 # About 25 minutes on a 2-core machine. The cluster is removed on exit.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/cluster_session.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_job.sh"
 RATES=${RATES:-"100mbit 1gbit 10gbit"}
 MODELS=${MODELS:-"mlp mlp48 transformer"}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-3}
 OUT=${OUT:-$ROOT/results/train-matrix-$(date +%Y%m%d-%H%M%S)}
-cluster_session "${RATES%% *}"
+cluster_job "${RATES%% *}"
 for rate in $RATES; do
     "$CLUSTER" rate "$rate"
     for model in $MODELS; do

@@ -27,7 +27,7 @@ from hvdcomp import registry
 from train_torch import bytes_per_step, say, weights_digest  # examples/ is sys.path[0]
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (constructor
-# arguments documented in the README).
+# arguments documented in docs/options.md).
 COMPRESSIONS = {
     "none": lambda: hvd.Compression.none,
     "fp16": lambda: hvd.Compression.fp16,
