@@ -12,12 +12,12 @@ setup(
     # torch 2.14, TensorFlow 2.21, mpi4py 4) and the 2023 one (numpy 1.x, torch 2.13, TF 2.15).
     python_requires=">=3.11",
     install_requires=["numpy>=1.23,<3", "mpi4py>=3.1"],
-    # Frameworks for a new environment (pip install "./hvdcomp[torch]"); left unpinned so that an
-    # environment whose Horovod was built against its torch / TensorFlow keeps them.
-    # scripts/setup.sh installs the stack itself and hvdcomp with --no-deps.
+    # Frameworks for a new environment (pip install "./hvdcomp[torch]"), within the stacks the
+    # tests run on (tests/test_stack.py); an environment whose Horovod was built against its
+    # torch / TensorFlow installs without extras. scripts/setup.sh installs the stack itself.
     extras_require={
-        "torch": ["torch"],
-        "tensorflow": ["tensorflow", "tf-keras"],
+        "torch": ["torch>=2.13,<2.15"],
+        "tensorflow": ["tensorflow-cpu>=2.15,<2.22"],
         "dev": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
     },
 )

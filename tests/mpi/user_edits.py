@@ -8,11 +8,11 @@ run (``argv[1]``; ``argv[2:]``: the case's arguments), each reporting what every
   ``skip_synchronize()``; per compression (test names, or 'none'): the held-out loss, the largest
   step of any weight divided by lr (weight decay taken out), how many steps the clip changed the
   gradients, and whether every rank holds the same weights.
-- resume NAME: the checkpoint a Horovod user already writes (``model.state_dict()`` and
+- resume NAME...: per compression, the checkpoint a Horovod user already writes (``model.state_dict()`` and
   ``optimizer.state_dict()``), saved at step 10 of 20 and loaded by a new model and optimizer
   with a new compressor: what the first steps after the resume warn, and how far the resumed run
   ends from the uninterrupted one.
-- direct NAME WHOSE: ``hvd.allreduce(t, name=..., compression=...)`` outside the optimizer, after
+- direct (NAME WHOSE)...: ``hvd.allreduce(t, name=..., compression=...)`` outside the optimizer, after
   12 training steps, 30 times with new values (a metric), with the optimizer's compressor
   ('shared') or one of its own ('own'): each result's error against the exact mean, and what
   was warned.
@@ -102,7 +102,11 @@ def train(model, opt, start, stop):
 
 
 def case_resume():
-    name = ARGS[0]
+    for name in ARGS:
+        out[name] = resume_run(name)
+
+
+def resume_run(name):
     model, opt = build(name)
     train(model, opt, 0, 10)
     saved = {"model": copy.deepcopy(model.state_dict()),
@@ -114,17 +118,20 @@ def case_resume():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(model2, opt2, 10, 20)
-    messages = [str(w.message) for w in caught if "hvdcomp" in str(w.message)]
-    out["warnings"] = messages
-    out["equal"] = bool(torch.equal(flat(model), flat(model2)))
-    out["identical"] = identical_across_ranks(model2)
+    return {"warnings": [str(w.message) for w in caught if "hvdcomp" in str(w.message)],
+            "equal": bool(torch.equal(flat(model), flat(model2))),
+            "identical": identical_across_ranks(model2)}
 
 
 # -- direct --------------------------------------------------------------------------------------
 def case_direct():
-    """``ARGS``: the compression, then 'shared' (the optimizer's compressor, after training) or
-    'own' (a compressor of its own, used for nothing else)."""
-    name, whose = ARGS
+    """``ARGS``: pairs of a compression and 'shared' (the optimizer's compressor, after
+    training) or 'own' (a compressor of its own, used for nothing else)."""
+    for name, whose in zip(ARGS[::2], ARGS[1::2]):
+        out[f"{name}-{whose}"] = direct_run(name, whose)
+
+
+def direct_run(name, whose):
     model, opt = build(name)
     train(model, opt, 0, 12)
     compression = opt._compression if whose == "shared" else compression_for(name)
@@ -137,8 +144,8 @@ def case_direct():
             exact = hvd.allreduce(value, name="metric.exact", compression=hvd.Compression.none)
             got = hvd.allreduce(value, name="metric", compression=compression)
             errors.append(float((got - exact).norm() / exact.norm()))
-    out["errors"] = errors
-    out["warnings"] = [str(w.message) for w in caught if "hvdcomp" in str(w.message)]
+    return {"errors": errors,
+            "warnings": [str(w.message) for w in caught if "hvdcomp" in str(w.message)]}
 
 
 {"clip": case_clip, "resume": case_resume, "direct": case_direct}[CASE]()
