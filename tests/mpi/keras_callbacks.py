@@ -8,7 +8,6 @@ import hashlib
 import os
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)

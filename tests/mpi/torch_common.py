@@ -43,6 +43,17 @@ def batch(x, y, step, rank, size=32):
     return x[idx], y[idx]
 
 
+def batch_loss(model, x, y, step, rank):
+    """The cross-entropy of ``model`` on the batch of ``step`` on ``rank`` (``batch``)."""
+    xb, yb = batch(x, y, step, rank)
+    return torch.nn.functional.cross_entropy(model(xb), yb)
+
+
+def flat(model):
+    """Every parameter of ``model``, by name, in one flat tensor."""
+    return torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())])
+
+
 def compression_for(name):
     """The compression a test names: Horovod's own ('none', 'fp16'), or an hvdcomp preset of
     hvdcomp/registry.py or a test-local variant of one (tests/variants.py; e.g. 'topk-bare': the

@@ -25,7 +25,8 @@ import torch
 import horovod.torch as hvd
 
 from report import report
-from torch_common import batch, compression_for, identical_across_ranks, load_digits_split
+from torch_common import (batch_loss, compression_for, flat, identical_across_ranks,
+                          load_digits_split)
 
 CASE, ARGS = sys.argv[1], sys.argv[2:]
 torch.set_num_threads(1)
@@ -49,17 +50,12 @@ def build(name, seed=0):
 
 
 def loss_of(model, step):
-    xb, yb = batch(xtr, ytr, step, rank)
-    return torch.nn.functional.cross_entropy(model(xb), yb)
+    return batch_loss(model, xtr, ytr, step, rank)
 
 
 def held_out_loss(model):
     with torch.no_grad():
         return float(torch.nn.functional.cross_entropy(model(xte), yte))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())])
 
 
 # -- clip ----------------------------------------------------------------------------------------

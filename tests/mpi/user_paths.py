@@ -30,8 +30,8 @@ import horovod.torch as hvd
 
 import hvdcomp
 from report import report
-from torch_common import (batch, compression_for, compressor_object, grad_scaler_step,
-                          identical_across_ranks, load_digits_split)
+from torch_common import (batch, batch_loss, compression_for, compressor_object, flat,
+                          grad_scaler_step, identical_across_ranks, load_digits_split)
 
 CASE, NAMES = sys.argv[1], sys.argv[2:]
 torch.set_num_threads(1)
@@ -56,12 +56,7 @@ def model_and_opt(compression, lr=0.02, momentum=0.0, optimizer=torch.optim.SGD,
 
 
 def loss_of(model, step):
-    xb, yb = batch(xtr, ytr, step, rank)
-    return torch.nn.functional.cross_entropy(model(xb), yb)
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())])
+    return batch_loss(model, xtr, ytr, step, rank)
 
 
 def error_of(fn):
