@@ -352,13 +352,15 @@ class StepEngine:
     ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
     ``store`` (a ``StateStore``), ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
     compresses), ``describe`` (a callable: the settings every rank must agree on) and ``ranks``
-    (the world ranks of the process set it reduces over, a sorted tuple; None: every rank). The
-    state is the set's: an engine serves one set (``hvdcomp.facade.runtime``)."""
+    (the world ranks of the process set it reduces over, a sorted tuple; None: every rank), or
+    ``context``, the ``CommContext`` it reduces over (a torch.distributed group's:
+    ``hvdcomp.ddp``). The state is the set's: an engine serves one set
+    (``hvdcomp.facade.runtime``)."""
 
     def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe,
-                 ranks=None):
+                 ranks=None, context=None):
         self.method, self.store, self.pre = method, store, preconditioner
-        self.describe, self.ranks = describe, ranks
+        self.describe, self.ranks, self.ctx = describe, ranks, context
         # a tensor the decision passes adds its memory (the method's own carry where it has one,
         # after its collective set-up for it, on every rank alike: node stages' layout)
         self.carry = getattr(method, "carry", feedback.carry)
@@ -384,8 +386,9 @@ class StepEngine:
         return _Phase(self.phases, name)
 
     def context(self):
-        """The ``CommContext`` of the process set this engine is bound to (the world by default)."""
-        return checks.context(self.method.name, self.ranks)
+        """The ``CommContext`` this engine reduces over (a Horovod process set's: the world's by
+        default)."""
+        return self.ctx if self.ctx is not None else checks.context(self.method.name, self.ranks)
 
     def entry(self, key, tensor, adapter, by_horovod=False, identity=None, adam=None):
         """The ``Entry`` of ``tensor`` (named ``key``) for this step. One ``by_horovod`` is the

@@ -136,6 +136,8 @@ def _node_of_ranks(ctx, ranks_per_node):
     cost one split and one all-gather."""
     if ranks_per_node is not None:
         return [r // ranks_per_node for r in range(ctx.size)], None
+    if hasattr(ctx.comm, "node_of_ranks"):  # a transport that knows its nodes (torchrun's)
+        return ctx.comm.node_of_ranks(), None
     from mpi4py import MPI
     domain = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
     mine, world = domain.Get_group(), ctx.comm.Get_group()

@@ -61,8 +61,7 @@ def _exchange(comm, send, recv, right, left):
         if s8.size:
             reqs.append(comm.Isend(s8[off:off + step], dest=right, tag=tag))
     if reqs:
-        from mpi4py import MPI
-        MPI.Request.Waitall(reqs)
+        type(reqs[0]).Waitall(reqs)  # the transport's requests (hvdcomp.comm.transport)
     return s8.size, r8.size, len(reqs)
 
 

@@ -27,9 +27,10 @@ class Runtime:
     ``decision``, ``engine``, ``driver``, ``pending`` (key -> ``Entry`` recorded by ``compress``
     since the step's last flush), ``held`` (key -> the new state of a tensor whose message
     Horovod sums, ``message``), ``ownership`` and ``ahead``, the quiet steps a graph front end
-    may end itself (``hvdcomp.engine.QuietGrant``; ``settle`` counts them)."""
+    may end itself (``hvdcomp.engine.QuietGrant``; ``settle`` counts them). ``context``: the
+    ``CommContext`` to reduce over instead of the set's MPI one (``hvdcomp.ddp``)."""
 
-    def __init__(self, compressor, ranks):
+    def __init__(self, compressor, ranks, context=None):
         c = compressor
         self.compressor, self.ranks, self.method = c, ranks, c.method
         self.algorithm = copy.copy(c.algorithm)
@@ -41,7 +42,7 @@ class Runtime:
         self.decision = Decision(c.decision_mode if passes else "compress", c.min_compress_numel)
         self.engine = StepEngine(hierarchical.wrap(self.algorithm, c.hierarchy_mode), self.store,
                                  self.preconditioner, self.decision, c.on_nonfinite,
-                                 self.describe, ranks)
+                                 self.describe, ranks, context)
         self.driver = bucketing.StepDriver(self.engine, c.fusion_mode, c.fusion_cost)
         self.pending = {}
         self.held = {}  # key -> new state of a tensor stepping aside through Horovod (message)

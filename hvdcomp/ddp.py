@@ -1,0 +1,204 @@
+"""Every hvdcomp method as a PyTorch DDP communication hook, on torch.distributed (no MPI rank).
+
+In PyTorch's PowerSGD hook's shape::
+
+    state = hvdcomp.ddp.State(hvdcomp.Marsit(), process_group=None)
+    ddp_model.register_comm_hook(state, hvdcomp.ddp.hook)
+
+``hook(state, bucket) -> Future``: the Future holds one tensor of the bucket's flat shape,
+dtype and device, the mean of the bucket over the group's ranks, identical on every rank.
+The first ``start_iter`` iterations (2 by default: DDP rebuilds its buckets after the first)
+run DDP's own all-reduce; from then on the hook collects the buckets of an iteration and, at
+the last one, reduces every parameter's gradient as one batch (one tensor per parameter, as
+Horovod's front end sees them), through the method's runtime (``hvdcomp.facade.runtime.Runtime``:
+its state, its compress-or-pass decision, where "pass" is a float32 all-reduce, its checks), over
+the group's ``hvdcomp.comm.transport.TorchTransport`` (Gloo; buffers on the host); then every
+bucket's Future completes. The result does not depend on DDP's bucket layout, so a resumed run
+repeats the uninterrupted one bit for bit (DDP's own all-reduce does not, in the first iteration
+of a new DDP model, whose layout differs).
+The method, its options, the loss scale of ``torch.amp.GradScaler`` (``hvdcomp.loss_scale``),
+the checks that raise on every rank (settings that differ, non-finite gradients per
+``on_nonfinite``) are as for Horovod; the user's Adam is not followed (each bucket's gradient is
+compressed as under SGD, with error feedback).
+
+State for checkpoints: ``state.state_dict()`` / ``state.load_state_dict(d)`` (tensors and plain
+values only: ``torch.load(weights_only=True)`` reads it), and ``pickle`` (as ``PowerSGDState``:
+the process group is not pickled; an unpickled state reduces over the default group).
+"""
+import logging
+
+import numpy as np
+
+from hvdcomp import registry
+from hvdcomp.comm.transport import torch_context
+from hvdcomp.engine import Entry
+from hvdcomp.errors import HvdcompError
+from hvdcomp.facade import BatchedCompressor
+from hvdcomp.facade.runtime import Runtime
+from hvdcomp.frontends import adapter_for
+
+log = logging.getLogger("hvdcomp")
+FORMAT = "hvdcomp-ddp-1"
+
+
+class State:
+    """A hook's state: ``compression`` (an hvdcomp compressor, or its class: a new instance;
+    default ``hvdcomp.Marsit``), ``process_group`` (None: the default group), ``start_iter``
+    (iterations of DDP's own all-reduce first, >= 1). ``iter`` counts the iterations begun;
+    ``runtime`` is the method's ``Runtime`` over the group (made at the first compressed step);
+    ``keys`` names each parameter by its place in DDP's first bucket layout."""
+
+    def __init__(self, compression=None, process_group=None, start_iter=2):
+        compression = registry.METHODS["Marsit"] if compression is None else compression
+        if isinstance(compression, type):
+            compression = compression()
+        if not isinstance(compression, BatchedCompressor):
+            raise TypeError(f"hvdcomp.ddp.State takes an hvdcomp compressor or its class, got "
+                            f"{compression!r}")
+        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 1:
+            raise ValueError(f"start_iter must be an int >= 1, got {start_iter!r}")
+        self.compressor, self.process_group = compression, process_group
+        self.start_iter, self.iter = start_iter, 0
+        self.runtime = None
+        from torch.utils.weak import WeakIdKeyDictionary
+        self.keys = WeakIdKeyDictionary()  # parameter -> its tensor's name
+        self.waiting = []  # this iteration's buckets: (buffer, gradients, names, future)
+        self._restore_later = None  # an unpickled state, restored once the group exists
+
+    def bind(self):
+        """The runtime (made on first use, over the group's torch.distributed transport)."""
+        if self.runtime is None:
+            self.runtime = Runtime(self.compressor, None, torch_context(self.process_group))
+        if self._restore_later is not None:
+            saved, self._restore_later = self._restore_later, None
+            self.load_state_dict(saved)
+        return self.runtime
+
+    def names(self, bucket):
+        """The names of ``bucket``'s gradients: ``b<index>.<position>`` in the bucket where DDP
+        first put the parameter (the layout of a new DDP model's first iteration: the same
+        before and after a resume, while DDP's later layout may differ in that iteration)."""
+        index = bucket.index()
+        for j, p in enumerate(bucket.parameters()):
+            if p not in self.keys:
+                self.keys[p] = f"b{index:04d}.{j:05d}"
+        return [self.keys[p] for p in bucket.parameters()]
+
+    def reduce_step(self):
+        """Reduce every bucket of the iteration as one batch, sorted by name (so the batch
+        does not depend on DDP's bucket layout), write each bucket's means into its buffer and
+        complete its Future."""
+        waiting, self.waiting = self.waiting, []
+        rt = self.bind()
+        entries = sorted((Entry(name, g, adapter_for(g), gradient=True)
+                          for _, gradients, names, _ in waiting
+                          for name, g in zip(names, gradients)), key=lambda e: e.key)
+        try:
+            rt.engine.process(entries)
+            means = {}
+            for e in entries:
+                flat, _ = rt.engine.take(e.ticket)
+                means[e.key] = e.restore(flat)
+        except BaseException as exc:
+            for *_, fut in waiting:
+                fut.set_exception(exc)
+            raise
+        for buffer, gradients, names, fut in waiting:
+            offset = 0
+            for name, g in zip(names, gradients):
+                buffer[offset:offset + g.numel()].copy_(means[name].reshape(-1))
+                offset += g.numel()
+            fut.set_result(buffer)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self):
+        """This rank's state: the iteration and the runtime's ``Runtime.state_dict``, as
+        tensors and plain values."""
+        saved = {"format": FORMAT, "method": self.compressor.method, "iter": self.iter,
+                 "start_iter": self.start_iter}
+        if self.runtime is not None:
+            saved["runtime"] = _as_torch(self.runtime.state_dict(False))
+        elif self._restore_later is not None:
+            saved["runtime"] = self._restore_later.get("runtime")
+        return saved
+
+    def load_state_dict(self, checkpoint):
+        """Restore what ``state_dict`` returned, between iterations."""
+        if checkpoint.get("format") != FORMAT:
+            raise HvdcompError(f"hvdcomp.ddp: not a DDP hook state (format "
+                               f"{checkpoint.get('format')!r})")
+        if checkpoint.get("runtime") is not None:
+            rt = self.bind()
+            rt.restore(*rt.this_ranks(_as_numpy(checkpoint["runtime"])))
+        self.iter = int(checkpoint["iter"])
+
+    def __getstate__(self):
+        return {"compression": type(self.compressor).__name__,
+                "arguments": constructor_arguments(self.compressor),
+                "state": self.state_dict()}
+
+    def __setstate__(self, saved):
+        compression = registry.METHODS[saved["compression"]](**saved["arguments"])
+        self.__init__(compression, None, saved["state"]["start_iter"])
+        self.iter = saved["state"]["iter"]
+        self._restore_later = saved["state"]  # at the first hook: the group exists then
+
+
+def hook(state, bucket):
+    """The DDP communication hook (module docstring): a Future of the bucket's mean."""
+    import torch
+    import torch.distributed as dist
+    names = state.names(bucket)
+    tensor = bucket.buffer()
+    if state.iter < state.start_iter:
+        if bucket.is_last():
+            state.iter += 1
+        group = state.process_group
+        tensor.div_(dist.get_world_size(group))
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+    fut = torch.futures.Future(devices=[tensor.device] if tensor.is_cuda else None)
+    state.waiting.append((tensor, bucket.gradients(), names, fut))
+    if bucket.is_last():
+        state.iter += 1
+        state.reduce_step()
+    return fut
+
+
+def constructor_arguments(compressor):
+    """The keyword arguments that build a compressor like ``compressor`` (its method's own
+    settings and the common ones it takes)."""
+    common = {"seed": compressor.algorithm.seed,
+              "min_compress_numel": compressor.min_compress_numel,
+              "on_nonfinite": compressor.on_nonfinite,
+              "precondition": compressor.precondition_setting,
+              "decision": compressor.decision_mode, "hierarchy": compressor.hierarchy_mode}
+    method = type(compressor).Method
+    return {**compressor.algorithm.settings(),
+            **{k: v for k, v in common.items() if k not in method.refused + tuple(method.fixed)}}
+
+
+def _as_torch(value):
+    """``value`` with every NumPy array a torch tensor (what ``weights_only`` loads)."""
+    import torch
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value, copy=True))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _as_torch(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_torch(v) for v in value)
+    return value
+
+
+def _as_numpy(value):
+    """The inverse of ``_as_torch``."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, dict):
+        return {k: _as_numpy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_numpy(v) for v in value)
+    return value

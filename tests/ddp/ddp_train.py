@@ -1,0 +1,192 @@
+"""A DDP rank script (launched by torchrun, Gloo, no MPI rank): the digits MLP trained through
+``register_comm_hook(hvdcomp.ddp.State(...), hvdcomp.ddp.hook)``; the cases are the functions
+of ``CASES`` (``main``: how to call it)."""
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+from digits import load_digits  # noqa: E402
+
+import hvdcomp  # noqa: E402
+import hvdcomp.ddp  # noqa: E402
+
+torch.set_num_threads(1)
+METHODS = {name.lower(): cls for name, cls in hvdcomp.registry.METHODS.items()}
+
+
+def data():
+    pixels, labels = load_digits()
+    x = torch.tensor(pixels / 16.0, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.int64)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    cut = int(0.8 * len(x))
+    return (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
+
+
+def model_and_optimizer(optimizer, method):
+    """The MLP in DDP, and AdamW (lr 3e-3) or SGD at the method's digits rates (hvdcomp's
+    registry, as the Horovod examples use)."""
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
+    opt = (torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.01) if optimizer == "adamw"
+           else torch.optim.SGD(ddp.parameters(), *hvdcomp.registry.lr_momentum(method, "digits")))
+    return ddp, opt
+
+
+def batch(x, y, step, rank, size=32):
+    g = torch.Generator().manual_seed(10007 * step + rank)
+    idx = torch.randint(0, len(x), (size,), generator=g)
+    return x[idx], y[idx]
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def identical(model):
+    rows = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, digest(model))
+    return len(set(rows)) == 1
+
+
+def make_state(method, **kwargs):
+    return hvdcomp.ddp.State(METHODS[method](**kwargs)) if method != "none" else None
+
+
+def run(ddp, opt, state, x, y, steps, first=0):
+    if state is not None:
+        ddp.register_comm_hook(state, hvdcomp.ddp.hook)
+    rank = dist.get_rank()
+    for step in range(first, steps):
+        xb, yb = batch(x, y, step, rank)
+        opt.zero_grad()
+        F.cross_entropy(ddp(xb), yb).backward()
+        opt.step()
+
+
+def evaluate(ddp, x, y):
+    with torch.no_grad():
+        out = ddp.module(x)
+        return F.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item()
+
+
+def train(method, steps, optimizer, data_):
+    """Train ``steps`` steps: eval loss and accuracy, bit-identity, compressed elements."""
+    (x, y), (xt, yt) = data_
+    ddp, opt = model_and_optimizer(optimizer, method)
+    state = make_state(method)
+    run(ddp, opt, state, x, y, steps)
+    result = dict(zip(("loss", "accuracy"), evaluate(ddp, xt, yt)), identical=identical(ddp))
+    if state is not None:
+        result["compressed"] = int(state.runtime.engine.total_stats.compressed_elements)
+        result["iter"] = state.iter
+    return result
+
+
+def resume(method, steps, optimizer, data_):
+    """A checkpoint at half the steps (model, optimizer, hook state through torch.save and
+    torch.load(weights_only=True)) continued in fresh objects: bit-identical to the run that
+    went straight through; the state also survives pickle."""
+    (x, y), _ = data_
+    ddp, opt = model_and_optimizer(optimizer, method)
+    run(ddp, opt, make_state(method), x, y, steps)
+    straight = [p.detach().clone() for p in ddp.parameters()]
+    ddp, opt = model_and_optimizer(optimizer, method)
+    state = make_state(method)
+    run(ddp, opt, state, x, y, steps // 2)
+    saved = io.BytesIO()
+    torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
+                "hook": state.state_dict() if state else {}}, saved)
+    unpickled = pickle.loads(pickle.dumps(state))
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=True)
+    ddp, opt = model_and_optimizer(optimizer, method)
+    ddp.module.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["opt"])
+    state = make_state(method)
+    if state is not None:
+        state.load_state_dict(loaded["hook"])
+    run(ddp, opt, state, x, y, steps, first=steps // 2)
+    return {"resumed_identical": all(torch.equal(a, b.detach())
+                                     for a, b in zip(straight, ddp.parameters())),
+            "unpickled_iter": getattr(unpickled, "iter", None),
+            "iter": getattr(state, "iter", None), "identical": identical(ddp)}
+
+
+def nosync(method, steps, optimizer, data_):
+    """Two half batches, the first under ``no_sync``, each loss halved: the hook runs once (the
+    state's iteration advances by one) and reduces the accumulated gradient to what one whole
+    batch gives (relative L2 distance)."""
+    (x, y), _ = data_
+    rank = dist.get_rank()
+    reduced = []
+    for split in (False, True):
+        ddp, opt = model_and_optimizer(optimizer, method)
+        state = make_state(method)
+        run(ddp, opt, state, x, y, 3)  # past the hook's first iterations
+        xb, yb = batch(x, y, 99, rank)
+        opt.zero_grad()
+        before = state.iter
+        if split:
+            with ddp.no_sync():
+                (F.cross_entropy(ddp(xb[:16]), yb[:16]) / 2).backward()
+            (F.cross_entropy(ddp(xb[16:]), yb[16:]) / 2).backward()
+        else:
+            F.cross_entropy(ddp(xb), yb).backward()
+        reduced.append(torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]))
+        hook_iterations = state.iter - before
+    distance = float((reduced[1] - reduced[0]).norm() / reduced[0].norm())
+    return {"distance": distance, "hook_iterations": hook_iterations}
+
+
+def mismatch(method, steps, optimizer, data_):
+    """Rank r sets seed r: every rank raises the same hvdcomp error, none hangs."""
+    (x, y), _ = data_
+    ddp, opt = model_and_optimizer(optimizer, method)
+    state = make_state(method, seed=dist.get_rank())
+    try:
+        run(ddp, opt, state, x, y, 4)
+        raised = None
+    except hvdcomp.HvdcompError as exc:
+        raised = type(exc).__name__
+    rows = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, raised)
+    return {"raised_on": rows}
+
+
+CASES = {"train": train, "resume": resume, "nosync": nosync, "mismatch": mismatch}
+
+
+def main():
+    """``ddp_train.py CASE[,CASE] METHOD[,METHOD] [STEPS] [sgd|adamw]``: every case for every
+    method, in one process group; rank 0 prints one ``RESULT {json}`` line per pair."""
+    cases, methods = sys.argv[1].split(","), sys.argv[2].split(",")
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+    optimizer = sys.argv[4] if len(sys.argv) > 4 else "sgd"
+    dist.init_process_group("gloo")
+    data_ = data()
+    for case in cases:
+        for method in methods:
+            result = {"case": case, "method": method, "size": dist.get_world_size(),
+                      **CASES[case](method, steps, optimizer, data_)}
+            if dist.get_rank() == 0:
+                print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
