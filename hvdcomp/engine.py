@@ -352,10 +352,9 @@ class StepEngine:
     ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
     ``store`` (a ``StateStore``), ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
     compresses), ``describe`` (a callable: the settings every rank must agree on) and ``ranks``
-    (the world ranks of the process set it reduces over, a sorted tuple; None: every rank), or
-    ``context``, the ``CommContext`` it reduces over (a torch.distributed group's:
-    ``hvdcomp.ddp``). The state is the set's: an engine serves one set
-    (``hvdcomp.facade.runtime``)."""
+    (the world ranks of the process set it reduces over, a sorted tuple; None: every rank) or
+    ``context`` (its ``CommContext``: a torch.distributed group's, ``hvdcomp.ddp``). The state
+    is the set's: an engine serves one set (``hvdcomp.facade.runtime``)."""
 
     def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe,
                  ranks=None, context=None):

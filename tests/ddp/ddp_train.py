@@ -33,15 +33,22 @@ def data():
 
 
 def model_and_optimizer(optimizer, method):
-    """The MLP in DDP, and AdamW (lr 3e-3) or SGD at the method's digits rates (hvdcomp's
-    registry, as the Horovod examples use)."""
+    """The MLP in DDP, and AdamW (lr 3e-3) or SGD at the method's rates of the Horovod tests
+    (hvdcomp's registry: "digits-test", else "digits")."""
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
     opt = (torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.01) if optimizer == "adamw"
-           else torch.optim.SGD(ddp.parameters(), *hvdcomp.registry.lr_momentum(method, "digits")))
+           else torch.optim.SGD(ddp.parameters(), *rates(method)))
     return ddp, opt
+
+
+def rates(method):
+    """(lr, momentum) of ``method`` for the tests' digits runs."""
+    method = method.partition("#")[0]
+    return hvdcomp.registry.lr_momentum(method, "digits-test",
+                                        hvdcomp.registry.rates(method, "digits"))
 
 
 def batch(x, y, step, rank, size=32):
@@ -64,7 +71,12 @@ def identical(model):
 
 
 def make_state(method, **kwargs):
-    return hvdcomp.ddp.State(METHODS[method](**kwargs)) if method != "none" else None
+    """The hook's state for ``method``: its class's lowercase name, then optionally ``#seed``
+    (``marsit#1``); 'none': no hook."""
+    name, _, seed = method.partition("#")
+    if name == "none":
+        return None
+    return hvdcomp.ddp.State(METHODS[name](**({"seed": int(seed)} if seed else {}), **kwargs))
 
 
 def run(ddp, opt, state, x, y, steps, first=0):
@@ -172,17 +184,19 @@ CASES = {"train": train, "resume": resume, "nosync": nosync, "mismatch": mismatc
 
 
 def main():
-    """``ddp_train.py CASE[,CASE] METHOD[,METHOD] [STEPS] [sgd|adamw]``: every case for every
-    method, in one process group; rank 0 prints one ``RESULT {json}`` line per pair."""
-    cases, methods = sys.argv[1].split(","), sys.argv[2].split(",")
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
-    optimizer = sys.argv[4] if len(sys.argv) > 4 else "sgd"
+    """``ddp_train.py [--adamw] CASE=METHOD[#SEED][@STEPS],... ...``: each case for each of its
+    methods (STEPS: 60 by default), in one process group; rank 0 prints one ``RESULT {json}``
+    line per pair."""
+    args = sys.argv[1:]
+    optimizer = "adamw" if "--adamw" in args else "sgd"
     dist.init_process_group("gloo")
     data_ = data()
-    for case in cases:
-        for method in methods:
+    for spec in (a for a in args if "=" in a):
+        case, methods = spec.split("=")
+        for item in methods.split(","):
+            method, _, steps = item.partition("@")
             result = {"case": case, "method": method, "size": dist.get_world_size(),
-                      **CASES[case](method, steps, optimizer, data_)}
+                      **CASES[case](method, int(steps or 60), optimizer, data_)}
             if dist.get_rank() == 0:
                 print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
