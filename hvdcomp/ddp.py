@@ -8,14 +8,17 @@ In PyTorch's PowerSGD hook's shape::
 ``hook(state, bucket) -> Future``: the Future holds one tensor of the bucket's flat shape,
 dtype and device, the mean of the bucket over the group's ranks, identical on every rank.
 The first ``start_iter`` iterations (2 by default: DDP rebuilds its buckets after the first)
-run DDP's own all-reduce; from then on the hook collects the buckets of an iteration and, at
-the last one, reduces every parameter's gradient as one batch (one tensor per parameter, as
-Horovod's front end sees them), through the method's runtime (``hvdcomp.facade.runtime.Runtime``:
-its state, its compress-or-pass decision, where "pass" is a float32 all-reduce, its checks), over
-the group's ``hvdcomp.comm.transport.TorchTransport`` (Gloo; buffers on the host); then every
-bucket's Future completes. The result does not depend on DDP's bucket layout, so a resumed run
-repeats the uninterrupted one bit for bit (DDP's own all-reduce does not, in the first iteration
-of a new DDP model, whose layout differs).
+run DDP's own all-reduce. From then on every bucket's gradients are entries of one batch per
+iteration (one tensor per parameter, as Horovod's front end sees them), reduced through the
+method's runtime (``hvdcomp.facade.runtime.Runtime``: its state, its compress-or-pass decision,
+its checks) over the group's ``hvdcomp.comm.transport.TorchTransport`` (Gloo; buffers on the
+host). A bucket whose every tensor the decision passes is summed at once by torch.distributed's
+all-reduce, as DDP's own hook sums it (in float16 where the decision chose it, as
+``fp16_compress_hook``), while the backward pass goes on; the compressed ones are reduced at the
+last bucket, as one batch sorted by name, and then every bucket's Future completes. The batch
+does not depend on DDP's bucket layout, so a resumed run repeats the uninterrupted one bit for
+bit (DDP's own all-reduce does not, in the first iteration of a new DDP model, whose layout
+differs).
 The method, its options, the loss scale of ``torch.amp.GradScaler`` (``hvdcomp.loss_scale``),
 the checks that raise on every rank (settings that differ, non-finite gradients per
 ``on_nonfinite``) are as for Horovod; the user's Adam is not followed (each bucket's gradient is
@@ -29,7 +32,7 @@ import logging
 
 import numpy as np
 
-from hvdcomp import registry
+from hvdcomp import loss_scale, registry
 from hvdcomp.comm.transport import torch_context
 from hvdcomp.engine import Entry
 from hvdcomp.errors import HvdcompError
@@ -62,7 +65,7 @@ class State:
         self.runtime = None
         from torch.utils.weak import WeakIdKeyDictionary
         self.keys = WeakIdKeyDictionary()  # parameter -> its tensor's name
-        self.waiting = []  # this iteration's buckets: (buffer, gradients, names, future)
+        self.waiting = []  # this iteration's buckets: (buffer, entries, DDPSum or None, Future)
         self._restore_later = None  # an unpickled state, restored once the group exists
 
     def bind(self):
@@ -84,30 +87,54 @@ class State:
                 self.keys[p] = f"b{index:04d}.{j:05d}"
         return [self.keys[p] for p in bucket.parameters()]
 
+    def arrived(self, bucket):
+        """Take ``bucket`` (after ``start_iter``): its entries are made now (a gradient the
+        decision passes is read for the checks before anything sums it) and, where the decision
+        passes every tensor of the bucket, its all-reduce starts now, while the backward pass
+        goes on (``DDPSum``); the step is reduced at the last bucket. Returns its Future."""
+        import torch
+        rt, names, buffer = self.bind(), self.names(bucket), bucket.buffer()
+        gradients = bucket.gradients()
+        passed = all(rt.hands_to_horovod(g.numel(), n, lambda: False)
+                     for n, g in zip(names, gradients))
+        entries = [rt.engine.entry(n, g, adapter_for(g), by_horovod=True) if passed
+                   else Entry(n, g, adapter_for(g), gradient=True)
+                   for n, g in zip(names, gradients)]
+        summing = DDPSum(buffer, self.process_group, rt.decision.passes_half()
+                         and loss_scale.current() == 1.0) if passed else None
+        fut = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        self.waiting.append((buffer, entries, summing, fut))
+        return fut
+
     def reduce_step(self):
-        """Reduce every bucket of the iteration as one batch, sorted by name (so the batch
-        does not depend on DDP's bucket layout), write each bucket's means into its buffer and
-        complete its Future."""
+        """At the last bucket: every bucket's entries reduced as one batch sorted by name (so
+        the batch does not depend on DDP's bucket layout), the means written into each
+        compressed bucket's buffer, the sums of the passed ones awaited, every Future
+        completed."""
         waiting, self.waiting = self.waiting, []
         rt = self.bind()
-        entries = sorted((Entry(name, g, adapter_for(g), gradient=True)
-                          for _, gradients, names, _ in waiting
-                          for name, g in zip(names, gradients)), key=lambda e: e.key)
+        entries = sorted((e for _, bucket_entries, _, _ in waiting for e in bucket_entries),
+                         key=lambda e: e.key)
         try:
+            for _, _, summing, _ in waiting:
+                if summing is not None:
+                    summing.wait()
             rt.engine.process(entries)
-            means = {}
-            for e in entries:
-                flat, _ = rt.engine.take(e.ticket)
-                means[e.key] = e.restore(flat)
+            results = {e.key: rt.engine.take(e.ticket) for e in entries}
         except BaseException as exc:
             for *_, fut in waiting:
                 fut.set_exception(exc)
             raise
-        for buffer, gradients, names, fut in waiting:
+        for buffer, bucket_entries, _, fut in waiting:
             offset = 0
-            for name, g in zip(names, gradients):
-                buffer[offset:offset + g.numel()].copy_(means[name].reshape(-1))
-                offset += g.numel()
+            for e in bucket_entries:
+                flat, _ = results[e.key]
+                part = buffer[offset:offset + e.numel]
+                if not e.by_horovod:
+                    part.copy_(e.restore(flat).reshape(-1))
+                elif flat.fill is not None:  # a skipped step
+                    part.fill_(flat.fill)
+                offset += e.numel
             fut.set_result(buffer)
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -146,23 +173,39 @@ class State:
 
 def hook(state, bucket):
     """The DDP communication hook (module docstring): a Future of the bucket's mean."""
-    import torch
     import torch.distributed as dist
-    names = state.names(bucket)
-    tensor = bucket.buffer()
     if state.iter < state.start_iter:
+        state.names(bucket)  # the first layout names the parameters
         if bucket.is_last():
             state.iter += 1
-        group = state.process_group
+        tensor, group = bucket.buffer(), state.process_group
         tensor.div_(dist.get_world_size(group))
         work = dist.all_reduce(tensor, group=group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
-    fut = torch.futures.Future(devices=[tensor.device] if tensor.is_cuda else None)
-    state.waiting.append((tensor, bucket.gradients(), names, fut))
+    fut = state.arrived(bucket)
     if bucket.is_last():
         state.iter += 1
         state.reduce_step()
     return fut
+
+
+class DDPSum:
+    """The mean of a bucket ``buffer`` over ``group`` by torch.distributed's all-reduce, started
+    now, as DDP's own hook sums it (in float16 where ``half``, as its ``fp16_compress_hook``);
+    ``wait()`` leaves the mean in ``buffer``."""
+
+    def __init__(self, buffer, group, half):
+        import torch
+        import torch.distributed as dist
+        self.buffer = buffer
+        self.sent = buffer.to(torch.float16) if half and buffer.dtype == torch.float32 else buffer
+        self.sent.div_(dist.get_world_size(group))
+        self.work = dist.all_reduce(self.sent, group=group, async_op=True)
+
+    def wait(self):
+        self.work.wait()
+        if self.sent is not self.buffer:
+            self.buffer.copy_(self.sent)
 
 
 def constructor_arguments(compressor):

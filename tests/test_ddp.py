@@ -30,7 +30,7 @@ def train_results():
 
 
 def checks_results(case):
-    specs = ("resume=" + ",".join(f"{m}@20" for m in METHODS),
+    specs = ("resume=" + ",".join(f"{m}@20" for m in METHODS), "passthrough=marsit@20",
              "nosync=marsit,topk", "mismatch=marsit")
     return [r for r in launch(*specs) if r["case"] == case]
 
@@ -69,6 +69,12 @@ def test_no_sync_accumulation_reduces_once_as_one_large_batch():
     for r in res:
         assert r["hook_iterations"] == 1
         assert r["distance"] < 1e-4, r  # float rounding of the accumulated gradient
+
+
+@pytest.mark.timeout(500)
+def test_a_passed_step_is_ddps_own_allreduce():
+    (r,) = checks_results("passthrough")
+    assert r["equal"] and r["compressed"] == 0
 
 
 @pytest.mark.timeout(500)

@@ -180,7 +180,20 @@ def mismatch(method, steps, optimizer, data_):
     return {"raised_on": rows}
 
 
-CASES = {"train": train, "resume": resume, "nosync": nosync, "mismatch": mismatch}
+def passthrough(method, steps, optimizer, data_):
+    """With ``decision='pass'`` the hook hands every bucket to torch.distributed's all-reduce as
+    DDP's own hook does: the parameters equal DDP's without a hook, bit for bit."""
+    (x, y), _ = data_
+    trained = []
+    for state in (None, hvdcomp.ddp.State(METHODS[method](decision="pass"))):
+        ddp, opt = model_and_optimizer(optimizer, "none")
+        run(ddp, opt, state, x, y, steps)
+        trained.append([p.detach().clone() for p in ddp.parameters()])
+    return {"equal": all(torch.equal(a, b) for a, b in zip(*trained)),
+            "compressed": int(state.runtime.engine.total_stats.compressed_elements)}
+
+
+CASES = {"train": train, "passthrough": passthrough, "resume": resume, "nosync": nosync, "mismatch": mismatch}
 
 
 def main():
