@@ -11,14 +11,14 @@ The first ``start_iter`` iterations (2 by default: DDP rebuilds its buckets afte
 run DDP's own all-reduce. From then on every bucket's gradients are entries of one batch per
 iteration (one tensor per parameter, as Horovod's front end sees them), reduced through the
 method's runtime (``hvdcomp.facade.runtime.Runtime``: its state, its compress-or-pass decision,
-its checks) over the group's ``hvdcomp.comm.transport.TorchTransport`` (Gloo; buffers on the
-host). A bucket whose every tensor the decision passes is summed at once by torch.distributed's
-all-reduce, as DDP's own hook sums it (in float16 where the decision chose it, as
-``fp16_compress_hook``), while the backward pass goes on; the compressed ones are reduced at the
-last bucket, as one batch sorted by name, and then every bucket's Future completes. The batch
-does not depend on DDP's bucket layout, so a resumed run repeats the uninterrupted one bit for
-bit (DDP's own all-reduce does not, in the first iteration of a new DDP model, whose layout
-differs).
+its checks) over the group's ``hvdcomp.comm.transport.TorchTransport`` (Gloo, buffers in host
+memory; beside an NCCL default group, a Gloo group of the same ranks). A bucket whose every
+tensor the decision passes is summed at once by torch.distributed's all-reduce, as DDP's own
+hook sums it (in float16 where the decision chose it, as ``fp16_compress_hook``), while the
+backward pass goes on; the compressed ones are reduced at the last bucket, as one batch sorted
+by name, and then every bucket's Future completes. The batch does not depend on DDP's bucket
+layout, so a resumed run repeats the uninterrupted one bit for bit (DDP's own all-reduce does
+not, in the first iteration of a new DDP model, whose layout differs).
 The method, its options, the loss scale of ``torch.amp.GradScaler`` (``hvdcomp.loss_scale``),
 the checks that raise on every rank (settings that differ, non-finite gradients per
 ``on_nonfinite``) are as for Horovod; the user's Adam is not followed (each bucket's gradient is
@@ -71,7 +71,8 @@ class State:
     def bind(self):
         """The runtime (made on first use, over the group's torch.distributed transport)."""
         if self.runtime is None:
-            self.runtime = Runtime(self.compressor, None, torch_context(self.process_group))
+            self.runtime = Runtime(self.compressor, None,
+                                   torch_context(gloo_group(self.process_group)))
         if self._restore_later is not None:
             saved, self._restore_later = self._restore_later, None
             self.load_state_dict(saved)
@@ -206,6 +207,20 @@ class DDPSum:
         self.work.wait()
         if self.sent is not self.buffer:
             self.buffer.copy_(self.sent)
+
+
+def gloo_group(group):
+    """``group`` where its backend is Gloo; else (NCCL) a Gloo group of the same ranks for
+    hvdcomp's host messages, made now by every rank of the default group (so ``group`` must be
+    the default one)."""
+    import torch.distributed as dist
+    if dist.get_backend(group) == "gloo":
+        return group
+    if group is not None and dist.get_world_size(group) != dist.get_world_size():
+        raise HvdcompError(
+            "hvdcomp.ddp: a process group of a part of the ranks must use the Gloo backend "
+            "(hvdcomp's messages travel in host memory); with NCCL, use the default group")
+    return dist.new_group(backend="gloo")
 
 
 def constructor_arguments(compressor):
