@@ -31,6 +31,7 @@ def train_results():
 
 def checks_results(case):
     specs = ("resume=" + ",".join(f"{m}@20" for m in METHODS), "passthrough=marsit@20",
+             "amp=marsit@20,topk@20",
              "nosync=marsit,topk", "mismatch=marsit")
     return [r for r in launch(*specs) if r["case"] == case]
 
@@ -75,6 +76,12 @@ def test_no_sync_accumulation_reduces_once_as_one_large_batch():
 def test_a_passed_step_is_ddps_own_allreduce():
     (r,) = checks_results("passthrough")
     assert r["equal"] and r["compressed"] == 0
+
+
+@pytest.mark.timeout(500)
+def test_a_changing_grad_scaler_scale_trains_as_without_scaling():
+    res = checks_results("amp")
+    assert len(res) == 2 and all(r["equal"] for r in res)
 
 
 @pytest.mark.timeout(500)

@@ -193,7 +193,28 @@ def passthrough(method, steps, optimizer, data_):
             "compressed": int(state.runtime.engine.total_stats.compressed_elements)}
 
 
-CASES = {"train": train, "passthrough": passthrough, "resume": resume, "nosync": nosync, "mismatch": mismatch}
+def amp(method, steps, optimizer, data_):
+    """A ``torch.amp.GradScaler`` whose scale changes (2**10, then 2**5 from half the steps):
+    the hook reduces the unscaled gradients (hvdcomp.loss_scale), so the run equals the
+    unscaled one bit for bit."""
+    (x, y), _ = data_
+    rank = dist.get_rank()
+    trained = []
+    for scaled in (False, True):
+        ddp, opt = model_and_optimizer(optimizer, method)
+        ddp.register_comm_hook(make_state(method), hvdcomp.ddp.hook)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, enabled=scaled)
+        for step in range(steps):
+            xb, yb = batch(x, y, step, rank)
+            opt.zero_grad()
+            scaler.scale(F.cross_entropy(ddp(xb), yb)).backward()
+            scaler.step(opt)
+            scaler.update(2.0 ** 5 if step == steps // 2 else None)
+        trained.append([p.detach().clone() for p in ddp.parameters()])
+    return {"equal": all(torch.equal(a, b) for a, b in zip(*trained))}
+
+
+CASES = {"amp": amp, "train": train, "passthrough": passthrough, "resume": resume, "nosync": nosync, "mismatch": mismatch}
 
 
 def main():
