@@ -28,8 +28,6 @@ State for checkpoints: ``state.state_dict()`` / ``state.load_state_dict(d)`` (te
 values only: ``torch.load(weights_only=True)`` reads it), and ``pickle`` (as ``PowerSGDState``:
 the process group is not pickled; an unpickled state reduces over the default group).
 """
-import logging
-
 import numpy as np
 
 from hvdcomp import loss_scale, registry
@@ -40,7 +38,6 @@ from hvdcomp.facade import BatchedCompressor
 from hvdcomp.facade.runtime import Runtime
 from hvdcomp.frontends import adapter_for
 
-log = logging.getLogger("hvdcomp")
 FORMAT = "hvdcomp-ddp-1"
 
 
