@@ -1,5 +1,11 @@
+"""Shared fixtures and launches of the tests, and their tiers: every test is marked ``ranks``
+(it launches processes: MPI ranks, a torchrun job, any subprocess, itself or through a helper
+or fixture) or ``unit`` (in-process only). ``make test`` runs both; ``make unit`` and
+``make ranks`` one tier."""
+import inspect
 import os
 import sys
+import types
 
 import pytest
 
@@ -70,3 +76,43 @@ def uncompressed():
     res = train_digits("none")
     assert res[0]["acc"] > 0.9
     return res[0]
+
+
+# -- tiers -----------------------------------------------------------------------------------------
+def _launches(fn, seen):
+    """Whether calling ``fn`` (a function, or a fixture's) may launch processes: it names
+    ``subprocess``, a launcher (``launches_ranks``: ``mpirun.run``, ``torchrun.run``, a
+    ``shared`` launch) or a function of the tests that does."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    module = sys.modules.get(fn.__module__)
+    names, stack = set(), [code]
+    while stack:  # the function's names, with those of its nested functions and lambdas
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    for name in names:
+        obj = getattr(module, name, None)
+        if getattr(obj, "launches_ranks", False) or (
+                isinstance(obj, types.ModuleType) and obj.__name__ == "subprocess"):
+            return True
+        if inspect.isfunction(obj) and _launches(obj, seen):
+            return True
+    return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ranks: launches processes (MPI ranks, torchrun, tools)")
+    config.addinivalue_line("markers", "unit: in-process only")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        seen = set()
+        fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values()
+                    for d in defs]
+        launches = any(_launches(f, seen) for f in [item.function, *fixtures])
+        item.add_marker(pytest.mark.ranks if launches else pytest.mark.unit)

@@ -85,6 +85,9 @@ def read_rank_output(output_dir):
     return out
 
 
+run.launches_ranks = True  # tests/conftest.py's tiers
+
+
 def results(proc, tag="RESULT", case=None):
     """The JSON objects the ranks reported (tests/mpi/report.py), by rank; with ``case``, those
     of that case only (a script that runs several cases in one launch reports each with
@@ -118,4 +121,5 @@ def shared(launch):
             raise exc
         return value
     once.__doc__ = launch.__doc__
+    once.launches_ranks = True  # tests/conftest.py's tiers
     return once

@@ -46,3 +46,6 @@ def run(script, *args, hosts=2, per_host=2, timeout=300, env=None):
             f"--- host {n} ---\n{o[-6000:]}" for n, o in enumerate(outputs)))
     return [json.loads(line[len("RESULT "):]) for line in outputs[0].splitlines()
             if line.startswith("RESULT ")]
+
+
+run.launches_ranks = True  # tests/conftest.py's tiers
