@@ -6,15 +6,15 @@
 # On the emulated cluster (benchmarks/cluster.sh: HOSTS (default 2) hosts x PER_HOST (default 2)
 # ranks, one torchrun agent per host in its namespace, Gloo over the shaped links), for every
 # model in MODELS (default "resnet18") and link rate in its RATES_<model> (ResNet-18: r of about
-# 0.5 and 3 on a 2-core machine; each job measures and reports its r), one job of
+# 0.3 and 3 on a 2-core machine, as regimes.sh's; each job measures and reports its r), one job of
 # benchmarks/ddp_regimes.py: the compute ceiling, DDP's all-reduce and fp16 hook, PyTorch's
-# PowerSGD hook (rank 1 and 4) and every hvdcomp hook (METHODS: a comma list, default all),
+# PowerSGD hook (rank 1 and 4) and the hvdcomp hooks of METHODS (a comma list, default all),
 # ROUNDS (default 3) rounds of STEPS (default 3) steps each, interleaved. Writes OUT (default
 # results/ddp-regimes-<time>/): regimes.jsonl, each host's log and regimes.md (ddp_report.py).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_job.sh"
 MODELS=${MODELS:-"resnet18"}
-RATES_resnet18=${RATES_resnet18-"1gbit 160mbit"}
+RATES_resnet18=${RATES_resnet18-"2gbit 160mbit"}
 RATES_gpt=${RATES_gpt-"750mbit 250mbit"}
 EXTRA_gpt=${EXTRA_gpt-"--sequential --batch 8"}
 ROUNDS=${ROUNDS:-3}
@@ -35,7 +35,7 @@ for model in $MODELS; do
                 --nnodes="$HOSTS" --nproc-per-node="$PER_HOST" --node-rank="$h" \
                 --master-addr="${IPS[0]}" --master-port="$port" \
                 "$HERE/ddp_regimes.py" --model "$model" --max-warmup "$MAX_WARMUP" \
-                ${!extra_var:-} ${METHODS:+--methods "ceiling,$METHODS"} --rounds "$ROUNDS" \
+                ${!extra_var:-} ${METHODS:+--methods "ceiling,ddp,ddp-fp16,powersgd-1,powersgd-4,$METHODS"} --rounds "$ROUNDS" \
                 --steps "$STEPS" --label "$rate" --out "$OUT/regimes.jsonl" \
                 > "$OUT/$model-$rate-host$h.log" 2>&1 &
         done
