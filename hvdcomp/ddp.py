@@ -171,15 +171,12 @@ class State:
 
 def hook(state, bucket):
     """The DDP communication hook (module docstring): a Future of the bucket's mean."""
-    import torch.distributed as dist
     if state.iter < state.start_iter:
         state.names(bucket)  # the first layout names the parameters
         if bucket.is_last():
             state.iter += 1
-        tensor, group = bucket.buffer(), state.process_group
-        tensor.div_(dist.get_world_size(group))
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        summing = DDPSum(bucket.buffer(), state.process_group, half=False)
+        return summing.work.get_future().then(lambda fut: fut.value()[0])
     fut = state.arrived(bucket)
     if bucket.is_last():
         state.iter += 1
