@@ -6,16 +6,15 @@ import pytest
 
 from hvdcomp import registry
 from mpirun import shared
+from test_training import EPOCHS, STAND_INS, TOLERANCE_ACC, TOLERANCE_LOSS
 from torchrun import run
 
 METHODS = [m.lower() for m in registry.METHODS]
-# The Horovod tests' tolerance against the uncompressed run (tests/test_training.py), at their
-# 220 steps (20 epochs of 11); TopK and SketchFusion at their longer runs there (30, 40 epochs).
-TOLERANCE_ACC, TOLERANCE_LOSS = 0.05, 0.25
-STEPS = {"topk": 330, "sketchfusion": 440}
+# The Horovod tests' tolerance against the uncompressed run and their steps (tests/
+# test_training.py: 20 epochs of 11 steps, TopK's and SketchFusion's longer runs there).
+STEPS = {m.lower(): 11 * EPOCHS.get(STAND_INS.get(m), 20) for m in registry.METHODS}
 SEEDS = {"marsit": (0, 1, 2)}  # seed-dependent: the median of these seeds
-TRAIN = ["none@220"] + [f"{m}#{s}@{STEPS.get(m, 220)}" for m in METHODS
-                        for s in SEEDS.get(m, (0,))]
+TRAIN = ["none@220"] + [f"{m}#{s}@{STEPS[m]}" for m in METHODS for s in SEEDS.get(m, (0,))]
 
 
 @shared
@@ -51,7 +50,7 @@ def test_every_method_trains_through_the_hook_as_uncompressed(method):
     for r in runs:
         assert r["identical"], "ranks hold different parameters"
         assert r["compressed"] > 0
-        assert r["iter"] == STEPS.get(method, 220)
+        assert r["iter"] == STEPS[method]
 
 
 @pytest.mark.timeout(500)

@@ -1,5 +1,6 @@
-"""hvdcomp's own MPI traffic (mpi4py): contexts, byte counting, the ring all-reduce
-and MPI's own sum.
+"""hvdcomp's own traffic: contexts, byte counting, the ring all-reduce and the transport's own
+sum, on a transport (``hvdcomp.comm.transport``: mpi4py's communicator, or torch.distributed's
+Gloo group for the DDP hook).
 
 This layer moves and combines contiguous NumPy buffers; it knows nothing about which
 compression method produced them. Methods plug in through a per-hop ``combine`` function.
