@@ -28,8 +28,8 @@ import hvdcomp.ddp
 from hvdcomp.comm.transport import TorchTransport
 
 import rounds  # this folder
-from models import build, make_batch, one_step, user_optimizer
-from rounds import Timed
+import models
+from models import build, make_batch, user_optimizer
 
 HOOKS = {name.lower(): cls for name, cls in hvdcomp.registry.METHODS.items()}
 PEERS = ("ddp", "ddp-fp16", "powersgd-1", "powersgd-4")
@@ -59,7 +59,7 @@ class HookDecision:
         return None if rt is None else rt.decision
 
 
-class Config(Timed):
+class Config(models.Trained):
     """One configuration: the model (in DDP with its hook, but for the ceiling) and the user's
     optimizer."""
 
@@ -79,21 +79,12 @@ class Config(Timed):
                 state = hvdcomp.ddp.State(HOOKS[method]())
                 model.register_comm_hook(state, hvdcomp.ddp.hook)
                 comp = HookDecision(state)
-        super().__init__(method, comp)
-        self.model, self.opt = model, user_optimizer(args, model)
-
-    def one_step(self, batch):
-        one_step(self.model, self.opt, batch)
-
-    def drop(self):
-        self.model = self.opt = self.comp = None
+        super().__init__(method, comp, model, user_optimizer(args, model))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("resnet18", "resnet50", "gpt"), default="resnet18")
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=8)
+    models.add_args(ap)
     rounds.add_args(ap)
     ap.set_defaults(methods=",".join(("ceiling",) + PEERS + tuple(HOOKS)), warmup=12)
     args = ap.parse_args()

@@ -1,7 +1,10 @@
 """The regimes benchmarks' PyTorch models (``regimes.py`` through Horovod, ``ddp_regimes.py``
 through DDP; ``regimes.py``'s docstring describes them), their synthetic batches, the user's
-optimizer of each and one training step."""
+optimizer of each, one training step, and a timed configuration that trains a model
+(``Trained``)."""
 import torch
+
+from rounds import Timed
 
 nn = torch.nn
 
@@ -113,3 +116,24 @@ def one_step(model, opt, batch):
     out = model(batch[0])
     nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[1].reshape(-1)).backward()
     opt.step()
+
+
+def add_args(ap):
+    """The model arguments both benchmarks take."""
+    ap.add_argument("--model", choices=("resnet18", "resnet50", "gpt"), default="resnet18")
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=8)
+
+
+class Trained(Timed):
+    """A configuration (``rounds.Timed``) whose step trains ``model`` with ``opt``."""
+
+    def __init__(self, method, comp, model, opt):
+        super().__init__(method, comp)
+        self.model, self.opt = model, opt
+
+    def one_step(self, batch):
+        one_step(self.model, self.opt, batch)
+
+    def drop(self):
+        self.model = self.opt = self.comp = None

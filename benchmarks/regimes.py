@@ -42,36 +42,27 @@ import horovod.torch as hvd
 
 import rounds  # this folder
 from methods import make_compression
-from models import build, make_batch, one_step, user_optimizer
-from rounds import Timed
+import models
+from models import build, make_batch, user_optimizer
 
 
-class Config(Timed):
+class Config(models.Trained):
     """One configuration's model, optimizer (the user's, wrapped by the stock
     ``hvd.DistributedOptimizer`` but for the ceiling) and compressor."""
 
     def __init__(self, args, method):
-        self.model = build(args)
-        opt = user_optimizer(args, self.model)
+        model = build(args)
+        opt = user_optimizer(args, model)
         comp = None if method == "ceiling" else make_compression(method, hvd)
         if comp is not None:
-            opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters(),
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            compression=comp)
-        super().__init__(method, comp)
-        self.opt = opt
-
-    def one_step(self, batch):
-        one_step(self.model, self.opt, batch)
-
-    def drop(self):
-        self.model = self.opt = self.comp = None
+        super().__init__(method, comp, model, opt)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("resnet18", "resnet50", "gpt"), default="resnet18")
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=8)
+    models.add_args(ap)
     rounds.add_args(ap)
     args = ap.parse_args()
 
