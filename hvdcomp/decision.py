@@ -37,11 +37,24 @@ rest of the backward pass and the overlap of Horovod's allreduce with it, the wa
 allreduce, hvdcomp's encode / comm / decode; what no candidate changes is not (the forward pass,
 the optimizer, the data loader, the user's evaluations and checkpoints between steps; a
 TensorFlow plan that runs before the forward pass adds its time to every candidate alike), so a pause
-of the training loop is not taken for a slow candidate. No cost model to be wrong. Each candidate
+of the training loop is not taken for a slow candidate. Each candidate
 is timed as it runs once chosen: passing every tensor on quiet steps (no collective of hvdcomp's,
 ``hvdcomp.engine.QuietSteps``) where they apply; a step that is not typical of its candidate (a
 preconditioner's dense warm-up, the first passed step of a tensor carrying its error memory) is
 not counted.
+
+What is predicted, before anything is timed (mode 'measure', the job's first step,
+``hvdcomp.comm.link``): how fast the network sums a buffer (two all-reduces of up to 4 MiB, timed
+once), hence a *floor* under each candidate's step: the bytes it passes cannot cross the link
+faster, whatever overlaps them. The floors only save steps, they never choose: where passing
+every tensor's floor is ``FIRST`` (2) times an estimate of the method's step (its wire at a
+quarter of a byte per element, its codec at 10 ns per element), the method is put in force from
+the second step on (the first passes: nothing is known before it), before passing, and its
+kernels load at once; a probe skips a candidate whose floor is over ``1 + abort`` times the best
+sample so far (it would be dropped after its sample anyway), its floor standing for its median,
+until a drift starts a probe that runs every candidate. So on a slow link the job compresses
+from its second step and never runs a passing step to learn that it is slow (20 Mbit/s,
+ResNet-18: each would take about 30 s); where the floors are low, nothing changes.
 
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
@@ -56,8 +69,8 @@ same threshold, applied from the next step on):
   Horovod negotiates anew every tensor whose shape or dtype changed, the gradient in place of
   hvdcomp's placeholder or in float16, measured 0.5-1.5 s more than its next steps on ResNet-18
   at 300 Mbit/s, which a single sample could take for the candidate's speed) and one sample;
-  the one in force first (at the start of training: passing every tensor), then the others,
-  most compression first. The finalists, those whose sample
+  the one in force first (at the start of training: passing every tensor, or the method where
+  it is favoured), then the others, most compression first, less those whose floor is hopeless. The finalists, those whose sample
   is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
   force first, without settling); the others are dropped. So a hopeless candidate costs two
   steps whichever side of the winner it lies (in one round of a fixed order, only those after a
@@ -133,51 +146,28 @@ def candidates(numels, min_numel, half=False):
     return found + ([HALF] if half else []) + [NEVER]
 
 
-class Decision:
-    """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
-    step engine and ``compress()`` ask; ``begin()``, ``mark()``, ``step_done(typical)`` time this
-    rank's exchange window of a step (``last_window``: the last one's seconds, 0.0 before the
-    first, -1.0 where it was not typical of its candidate); ``observe(window, numels)`` takes the
-    agreed one."""
+# The method's step, estimated before it runs (to choose what runs first only): its wire at a
+# quarter of a byte per element (1-bit signs both ways, or a sparse or low-rank message), plus
+# its encode and decode at CODEC_SECONDS per element.
+WIRE_BYTES, CODEC_SECONDS = 0.25, 1e-8
+FIRST = 2.0  # the method runs first where passing's floor is this many times its estimate
 
-    def __init__(self, mode, min_numel, samples=3, settle=2, abort=0.5, margin=0.05,
-                 drift=0.25, revisit=200, budget=0.01, retakes=2):
-        self.mode, self.min_numel = mode, min_numel
-        self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
-        self.drift, self.revisit, self.budget, self.retakes = drift, revisit, budget, retakes
-        self.thresholds = None  # the candidates, fixed at the first step with sizes
-        # index into thresholds (-1: NEVER); a probe starts passing (the cheapest candidate to
-        # time: quiet steps; the first steps negotiate Horovod's allreduces anyway)
-        self.current = 0 if mode == "compress" else -1
-        self.phase = "probe" if mode == "measure" else "fixed"
-        self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
-        self.windows = []  # hold: the chosen candidate's last windows, watched
-        self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
-        self.taken = {}  # probe: candidate -> its samples so far
-        self.queue = None  # probe: the candidates still to run in this round (None: not begun)
-        self.round = "screen"  # probe: 'screen' (one sample each) or 'refine' (the finalists)
-        self.chosen = None  # the candidate the last probe chose
-        self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
-        self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
-        self.light = False  # whether the probe under way runs the close candidates only
-        self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
 
-    @property
-    def threshold(self):
-        if self.thresholds is None:
-            return self.min_numel if self.current == 0 else NEVER
-        found = self.thresholds[self.current]
-        return NEVER if found == HALF else found
+def predict(link, thresholds, numels):
+    """``(floors, estimate)`` on the measured ``link`` (``hvdcomp.comm.link.Link``): each
+    candidate's floor (index -> seconds: the all-reduce of what it passes, float32, float16 for
+    ``HALF``) and an estimate of the method's step (``WIRE_BYTES``, ``CODEC_SECONDS``)."""
+    total = sum(numels)
+    floors = {i: link.seconds(2 * total if t == HALF else 4 * sum(n for n in numels if n < t))
+              for i, t in enumerate(thresholds)}
+    return floors, link.seconds(WIRE_BYTES * total) + CODEC_SECONDS * total
 
-    def passes_half(self):
-        """Whether every tensor is passed in float16 this step (the ``HALF`` candidate)."""
-        return self.thresholds is not None and self.thresholds[self.current] == HALF
 
-    def compresses(self, numel):
-        """Whether a tensor of ``numel`` elements is compressed this step."""
-        return numel >= self.threshold
-
-    waiting = False  # a probe is due but waits for a preconditioner's warm-up (``observe``)
+class ExchangeWindow:
+    """This rank's exchange window of a step (see the module docstring): ``begin()`` at its
+    first gradient, ``mark()`` at each result handed back, ``step_done(typical)`` at the end
+    of its reduction; ``last_window``: the last step's seconds (0.0 before the first, -1.0
+    where it was not typical of its candidate)."""
     last_window = 0.0
     _start = _done = _end = None  # this step's start; the last step's (start, typical); its end
 
@@ -202,7 +192,116 @@ class Decision:
         self._done, self._start = (self._start, typical), None
         self.mark()
 
-    def observe(self, window, numels, speak=False, steps=1, half=False, warming=None):
+
+class DecisionRecord:
+    """What a ``Decision`` shows and saves: its one-line description, its figures in the step
+    stats, the line logged at a choice, its checkpoint state."""
+
+    def describe(self):
+        """One line: the mode, phase and what is compressed."""
+        t = self.threshold
+        what = ("every tensor passed in float16" if self.passes_half() else
+                "every tensor passed" if t == NEVER else "every tensor it compresses"
+                if t == self.min_numel else f"tensors of {t:,} elements or more compressed")
+        chosen = (f" (chosen at {1e3 * self.medians[self.chosen]:.1f} ms/step)"
+                  if self.phase == "hold" else "")
+        return f"{self.mode}, {self.phase}: {what}{chosen}"
+
+    def as_dict(self):
+        """What ``last_stats`` shows of the decision; ``medians``: each candidate's median
+        exchange window (seconds, the slowest rank's) in the last probe that timed it, or its
+        floor where that probe did not run it (``not_run``); ``floors``: the least each
+        candidate's step can take on the measured link (mode 'measure'; empty before)."""
+        return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
+                "half": self.passes_half(), "candidates": self.thresholds,
+                "switches": self.switches,
+                "medians": {_name(self.thresholds[i]): m for i, m in sorted(self.medians.items())},
+                "floors": {_name(self.thresholds[i]): m for i, m in sorted(self.floors.items())},
+                "not_run": [_name(self.thresholds[i]) for i in self.unrun]}
+
+    STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
+             "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
+             "light", "extra", "floors", "favoured", "first", "skipping", "unrun")
+
+    def state(self):
+        """Plain values for a checkpoint."""
+        return {"mode": self.mode, **{k: copy.deepcopy(getattr(self, k)) for k in self.STATE}}
+
+    def load(self, saved):
+        """Restore ``state()`` (None, from a checkpoint written before the decision, or one of
+        another mode: this one's beginning)."""
+        if saved is None or saved.get("mode") != self.mode:
+            return
+        for name in self.STATE:
+            if name in saved:
+                setattr(self, name, copy.deepcopy(saved[name]))
+        if "round" not in saved and self.phase == "probe":
+            self.queue = None  # saved mid-probe by a version without rounds: probe again
+        if "full_due" not in saved:  # saved before light probes: the next revisit is full
+            self.full_due = self.interval - self.seen
+
+    def log_choice(self):
+        """Log the choice and every candidate's median (or floor, where it did not run)."""
+        log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
+                 ", ".join(f"{_name(self.thresholds[i])} "
+                           + (f">= {1e3 * m:.1f} ms (not run: its floor)" if i in self.unrun
+                              else f"{1e3 * m:.1f} ms")
+                           for i, m in sorted(self.medians.items())))
+
+
+class Decision(ExchangeWindow, DecisionRecord):
+    """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
+    step engine and ``compress()`` ask; ``observe(window, numels)`` takes the agreed exchange
+    window of the last step (``ExchangeWindow``: this rank's)."""
+
+    def __init__(self, mode, min_numel, samples=3, settle=2, abort=0.5, margin=0.05,
+                 drift=0.25, revisit=200, budget=0.01, retakes=2):
+        self.mode, self.min_numel = mode, min_numel
+        self.samples, self.settle, self.abort, self.margin = samples, settle, abort, margin
+        self.drift, self.revisit, self.budget, self.retakes = drift, revisit, budget, retakes
+        self.thresholds = None  # the candidates, fixed at the first step with sizes
+        # index into thresholds (-1: NEVER); a probe starts passing (the cheapest candidate to
+        # time: quiet steps; the first steps negotiate Horovod's allreduces anyway)
+        self.current = 0 if mode == "compress" else -1
+        self.phase = "probe" if mode == "measure" else "fixed"
+        self.medians, self.spreads = {}, {}  # candidate -> median, (max-min)/median, last probe
+        self.windows = []  # hold: the chosen candidate's last windows, watched
+        self.seen = 0  # steps of the current candidate (probe) or since the choice (hold)
+        self.taken = {}  # probe: candidate -> its samples so far
+        self.queue = None  # probe: the candidates still to run in this round (None: not begun)
+        self.round = "screen"  # probe: 'screen' (one sample each) or 'refine' (the finalists)
+        self.chosen = None  # the candidate the last probe chose
+        self.interval, self.switches = revisit, 0  # steps until a revisit; choices changed
+        self.steps, self.full_due = 0, 0  # steps observed; the step count of the next full probe
+        self.light = False  # whether the probe under way runs the close candidates only
+        self.extra = 0  # rounds of ``samples`` more taken by the finalists within noise
+        self.floors = {}  # candidate -> the least its step can take (seconds), from the link
+        self.favoured = False  # the method is predicted to win by far (``FIRST``)
+        self.first = None  # the candidate to put in force first where one is favoured (the
+        # method), once no warm-up holds the probe back
+        self.skipping = True  # a probe skips candidates whose floor is hopeless (not after a
+        # drift: the floors were measured at the start)
+        self.unrun = []  # the candidates the last full probe skipped
+
+    @property
+    def threshold(self):
+        if self.thresholds is None:
+            return self.min_numel if self.current == 0 else NEVER
+        found = self.thresholds[self.current]
+        return NEVER if found == HALF else found
+
+    def passes_half(self):
+        """Whether every tensor is passed in float16 this step (the ``HALF`` candidate)."""
+        return self.thresholds is not None and self.thresholds[self.current] == HALF
+
+    def compresses(self, numel):
+        """Whether a tensor of ``numel`` elements is compressed this step."""
+        return numel >= self.threshold
+
+    waiting = False  # a probe is due but waits for a preconditioner's warm-up (``observe``)
+
+    def observe(self, window, numels, speak=False, steps=1, half=False, warming=None,
+                link=None):
         """Take the previous step's agreed exchange ``window`` (the slowest rank's, in
         seconds; 0: none yet; < 0: not typical, not counted, and the next one settles again);
         ``numels``: the sizes of this step's tensors (used once, to fix the candidates);
@@ -211,15 +310,20 @@ class Decision:
         force: they count toward ``revisit`` and ``settle``); ``half``: Horovod summed every
         tensor of the step on every rank (``HALF`` is then a candidate; used once, as
         ``numels``); ``warming``: None or a callable, true while a probe is to wait (*probe*;
-        it sets ``waiting``, which ``hvdcomp.engine.QuietSteps`` reads). The new threshold
-        applies from the next step."""
+        it sets ``waiting``, which ``hvdcomp.engine.QuietSteps`` reads); ``link``: None or a
+        callable returning the measured ``hvdcomp.comm.link.Link`` (collective: called at the
+        first observation of mode 'measure' on every rank). The new threshold applies from the
+        next step."""
         if self.thresholds is None:
             self.thresholds = candidates(numels, self.min_numel, half)
+            if self.phase == "probe" and link is not None:
+                self._predict(link(), numels, speak)
         if self.phase == "fixed":
             return
         self.waiting = bool(self.phase == "probe" and self.queue is None and warming
                             and warming())
         if window == 0:
+            self._put_first()
             return
         if window < 0:
             if self.phase == "probe":
@@ -227,10 +331,38 @@ class Decision:
             return
         self.seen += steps  # quiet steps ran the candidate in force: they settle it too
         self.steps += steps
+        if self._put_first():
+            return
         if self.phase == "hold":
             self._hold(window, speak)
         elif self.seen > self.settle and not self.waiting:
             self._probe(window, speak)
+
+    def _predict(self, link, numels, speak):
+        """The floors from the measured ``link`` (``predict``); the method first if favoured."""
+        self.floors, estimate = predict(link, self.thresholds, numels)
+        pass_all = self.floors[len(self.thresholds) - 1]
+        if pass_all > FIRST * estimate:
+            self.first, self.favoured = 0, True
+        if speak:
+            log.info("compress-or-pass: the link sums %s; passing every tensor takes at least "
+                     "%.1f ms a step, the method about %.1f ms: %s first", link.describe(),
+                     1e3 * pass_all, 1e3 * estimate, "the method" if self.favoured else "passing")
+
+    def _put_first(self):
+        """Put the favoured candidate in force (it settles) unless a warm-up holds it back."""
+        if self.first is None or self.waiting:
+            return False
+        self.current, self.first, self.seen = self.first, None, 0
+        return True
+
+    def _skip_hopeless(self):
+        """Drop from the queue's head the candidates whose floor is over ``1 + abort`` times the
+        best sample so far: they would be dropped after their sample anyway."""
+        best = min((w[0] for w in self.taken.values()), default=math.inf)
+        while (self.skipping and self.queue and self.queue[0] not in self.taken
+               and self.floors.get(self.queue[0], 0.0) > (1 + self.abort) * best):
+            self.unrun.append(self.queue.pop(0))
 
     def _begin_probe(self, light=False):
         """A probe's screen round: the candidate in force first (it needs no settling), then
@@ -241,7 +373,7 @@ class Decision:
         self.queue, self.round, self.light = [self._index()] + others, "screen", light
         self.taken = {}
         if not light:
-            self.medians, self.spreads = {}, {}
+            self.medians, self.spreads, self.unrun = {}, {}, []
         self.seen = self.settle  # the first window observed is the candidate in force's
 
     def _close(self):
@@ -260,6 +392,8 @@ class Decision:
         if len(self.taken[self._index()]) < wanted:
             return
         self.queue.pop(0)
+        if self.round == "screen":
+            self._skip_hopeless()
         if not self.queue and self.round == "screen":  # the finalists, the one in force first
             best = min(w[0] for w in self.taken.values())
             finalists = [i for i, w in self.taken.items()
@@ -272,6 +406,8 @@ class Decision:
         for i, w in self.taken.items():
             self.medians[i] = float(np.median(w))
             self.spreads[i] = (max(w) - min(w)) / self.medians[i]
+        for i in self.unrun:  # never run: its floor stands for it
+            self.medians[i], self.spreads[i] = self.floors[i], 0.0
         self.queue, self.windows, self.seen = None, [], 0
         chosen = max(self.taken)  # the least compression first: ties pass
         for i in sorted(self.taken, reverse=True):
@@ -298,9 +434,7 @@ class Decision:
                                              16 * self.revisit)
         self.interval = regular if self._close() else self.full_due - self.steps
         if speak:
-            log.info("compress-or-pass: %s (median step per candidate: %s)", self.describe(),
-                     ", ".join(f"{_name(self.thresholds[i])} {1e3 * m:.1f} ms"
-                               for i, m in sorted(self.medians.items())))
+            self.log_choice()
 
     def _run_next(self):
         """Put the queue's first candidate in force; it settles unless it is in force."""
@@ -336,51 +470,18 @@ class Decision:
                          "" if full else "; the close candidates only")
             # The chosen candidate, in force, is probed first; it stays unless another wins.
             self.phase = "probe"
+            self.skipping = not drifted
             self._begin_probe(light=not full)
+
+    def favours_method(self):
+        """Whether the method runs first, predicted to win by far (``FIRST``), and is in force
+        (or about to be): its kernels are worth loading at once."""
+        return self.favoured and 0 in (self.first, self.current)
 
     def passes_all(self):
         """Whether every tensor is passed, and stays so until the next observation (in a probe
         too: the passing candidate is then timed on quiet steps, as it runs when chosen)."""
         return self.threshold == NEVER
-
-    def describe(self):
-        """One line: the mode, phase and what is compressed."""
-        t = self.threshold
-        what = ("every tensor passed in float16" if self.passes_half() else
-                "every tensor passed" if t == NEVER else "every tensor it compresses"
-                if t == self.min_numel else f"tensors of {t:,} elements or more compressed")
-        chosen = (f" (chosen at {1e3 * self.medians[self.chosen]:.1f} ms/step)"
-                  if self.phase == "hold" else "")
-        return f"{self.mode}, {self.phase}: {what}{chosen}"
-
-    def as_dict(self):
-        """What ``last_stats`` shows of the decision; ``medians``: each candidate's median
-        exchange window (seconds, the slowest rank's) in the last probe that timed it."""
-        return {"mode": self.mode, "phase": self.phase, "threshold": self.threshold,
-                "half": self.passes_half(), "candidates": self.thresholds,
-                "switches": self.switches,
-                "medians": {_name(self.thresholds[i]): m for i, m in sorted(self.medians.items())}}
-
-    STATE = ("thresholds", "current", "phase", "medians", "spreads", "windows", "seen",
-             "chosen", "interval", "switches", "taken", "queue", "round", "steps", "full_due",
-             "light", "extra")
-
-    def state(self):
-        """Plain values for a checkpoint."""
-        return {"mode": self.mode, **{k: copy.deepcopy(getattr(self, k)) for k in self.STATE}}
-
-    def load(self, saved):
-        """Restore ``state()`` (None, from a checkpoint written before the decision, or one of
-        another mode: this one's beginning)."""
-        if saved is None or saved.get("mode") != self.mode:
-            return
-        for name in self.STATE:
-            if name in saved:
-                setattr(self, name, copy.deepcopy(saved[name]))
-        if "round" not in saved and self.phase == "probe":
-            self.queue = None  # saved mid-probe by a version without rounds: probe again
-        if "full_due" not in saved:  # saved before light probes: the next revisit is full
-            self.full_due = self.interval - self.seen
 
 
 def within_noise(taken, medians, chosen, samples):

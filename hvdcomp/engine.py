@@ -50,6 +50,7 @@ from hvdcomp import checks, feedback, kernels, loss_scale, stepaside
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
 from hvdcomp.comm.context import Gathered
+from hvdcomp.comm.link import measure as measure_link
 from hvdcomp.decision import compresses_for_good
 from hvdcomp.stats import StepStats, ring_bytes
 
@@ -292,6 +293,18 @@ class Batch:
         return tuple(parts) + ((self.index,) if self.index else ())
 
 
+def observe(engine, ctx, entries, agreed):
+    """The decision observes the step's first agreement (``hvdcomp.decision.Decision.observe``):
+    the last step's agreed window; the float16 pass offered where Horovod sums every tensor, its
+    NaN/Inf propagated; the link measured on hvdcomp's communicator at its first observation."""
+    engine.decision.observe(
+        agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
+        steps=engine.quiet.since(), warming=lambda: warming(engine, entries),
+        link=lambda: measure_link(ctx.comm, 4 * sum(e.numel for e in entries)),
+        half=agreed.all_by_horovod and not engine.aside and engine.on_nonfinite == "propagate"
+        and all(hasattr(e.adapter, "halved") for e in entries))
+
+
 class KernelLoading:
     """When the step engine loads the fused kernels (``hvdcomp.kernels``) its method's host path
     uses (``Method.kernel_modules``) and ``finite`` (the check of the tensors Horovod sums,
@@ -335,7 +348,7 @@ class KernelLoading:
             self.since = now
         wanted = compresses_for_good(decision) and (
             decision.phase != "probe" or self.since is not None
-            and now - self.since >= self.AFFORDED)
+            and now - self.since >= self.AFFORDED) or decision.favours_method()
         self.due = not self.loaded and (self.due or wanted)
 
     def load_if_due(self):
@@ -488,11 +501,7 @@ class StepEngine:
                               self.decision.last_window if first else 0.0,
                               dense=dense_elements(entries))
         if first:
-            self.decision.observe(agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
-                                  steps=self.quiet.since(), warming=lambda: warming(self, entries),
-                                  half=agreed.all_by_horovod and not self.aside
-                                  and self.on_nonfinite == "propagate"
-                                  and all(hasattr(e.adapter, "halved") for e in entries))
+            observe(self, ctx, entries, agreed)
             self.quiet.agreed(entries if end_step else (), agreed, self.on_nonfinite,
                               self.decision, ctx.size)
             self.kernels.observe(self.decision)

@@ -133,3 +133,33 @@ def test_cluster_up_failure_leaves_nothing():
     assert again.returncode != 0 and "already exists" in again.stdout
     cluster("down")
     assert_clean(inodes)
+
+
+@pytest.mark.timeout(400)
+def test_on_a_slow_link_the_decision_compresses_from_the_second_step_and_never_passes(
+        two_hosts, tmp_path):
+    """5 Mbit/s between the two hosts: passing the MLP's gradients cannot take less than about
+    0.1 s a step, compressing them a few ms. With the decision measuring (its default), the
+    stock optimizer compresses from the second step, no step in the first 30 passes every
+    tensor (float32 or float16), every rank holds the same parameters after every step, and a
+    resume from step 20 runs the same candidates to the same parameters."""
+    cluster("rate", "5mbit")
+    out = tmp_path / "results"
+    proc = cluster("run", "--timeout", 300, "--", "env", "HVDCOMP_DECISION=measure",
+                   f"HVDCOMP_TEST_RESULTS={out}", PYTHON,
+                   os.path.join(ROOT, "tests", "mpi", "slow_link.py"), "marsit", "topk",
+                   timeout=360, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    ranks = [json.loads(line[len("RESULT "):]) for line in out.read_text().splitlines()]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    for name, ours in zip(("marsit", "topk"), ranks[0]["results"]):
+        candidates = [c for c, _, _ in ours["steps"]]
+        assert candidates[0] == "inf" and "inf" not in candidates[1:], (name, ours)
+        assert "fp16" not in candidates, (name, ours)
+        assert all(same for _, same, _ in ours["steps"]), (name, ours)
+        assert ours["phase"] == "hold" and {"pass all", "pass all in fp16"} <= set(
+            ours["not_run"]), (name, ours)
+        assert ours["floors"]["pass all"] > 0.05, ours["floors"]
+        assert ours["resumed"] == ours["steps"][20:], (name, ours)
+        others = [r["results"][ranks[0]["results"].index(ours)] for r in ranks[1:]]
+        assert all([c for c, _, _ in o["steps"]] == candidates for o in others)

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import decision_results, results, run
 from hvdcomp import decision
+from hvdcomp.comm.link import Link
 from hvdcomp.decision import HALF, NEVER, Decision
 
 MEASURE = {"HVDCOMP_DECISION": "measure"}
@@ -383,6 +384,77 @@ def test_while_the_probe_waits_for_adams_warm_up_the_quiet_steps_run_between_spa
     assert every[10] == (False, "probe", QuietSteps.PROBING)  # the warm-up is over: it times
     assert every[-1][1] == "hold" and every[-1][2] >= QuietSteps.EVERY
     assert Decision("measure", 1024).waiting is False  # no warm-up asked about: no wait
+
+
+def linked(link, times, steps=60, numels=(16384, 2560, 10), half=True, wait=0, drift_at=None):
+    """A decision offered the float16 pass, the measured ``link`` given at its first step, fed
+    ``times`` (candidate -> seconds per step, ``HALF`` for it; the method's, after step
+    ``drift_at``, times 6); returns it and the candidates in force at each step."""
+    d, seen = Decision("measure", 1024), []
+    for step in range(steps):
+        key = HALF if d.passes_half() else d.threshold
+        seen.append(key)
+        took = times[seen[-2]] if step else 0.0
+        if drift_at is not None and step > drift_at and seen[-2] == 1024:
+            took *= 6
+        d.observe(took, numels, half=half, link=link and (lambda: link),
+                  warming=lambda: step < wait)
+    return d, seen
+
+
+SLOW = Link(latency=0.001, seconds_per_byte=1e-6)  # 1 MB/s: passing 18954 floats >= 77 ms
+FAST = Link(latency=1e-5, seconds_per_byte=1e-10)
+
+
+def test_on_a_slow_link_the_method_runs_from_the_second_step_and_no_pass_step_at_all():
+    """Passing every tensor cannot take less than 77 ms on the link, the method's step is
+    estimated at 6 ms and measured at 10: the method is in force from the second step, the
+    passing candidates (floors 39 and 77 ms) are never run, their floors stand for their
+    medians, and the choice holds the method. The candidate that compresses the largest tensor
+    only (floor 11 ms: not hopeless) takes its screen's steps."""
+    d, seen = linked(SLOW, {1024: 0.010, 16384: 0.05, HALF: 0.05, NEVER: 0.09})
+    assert seen[:4] == [NEVER, 1024, 1024, 1024] and set(seen[1:]) == {1024, 16384}, seen
+    assert seen.count(16384) <= 3 and set(seen[-30:]) == {1024}
+    assert d.phase == "hold" and d.threshold == 1024 and d.favours_method()
+    assert d.floors[3] == pytest.approx(SLOW.seconds(4 * 18954))
+    shown = d.as_dict()
+    assert sorted(shown["not_run"]) == ["pass all", "pass all in fp16"]
+    assert shown["medians"]["pass all"] == d.floors[3]
+    twin = Decision("measure", 1024)
+    twin.load(d.state())
+    assert twin.state() == d.state() and twin.floors == d.floors
+
+
+def test_a_candidate_whose_floor_is_not_hopeless_is_still_timed():
+    """The floors only skip: a candidate whose floor is within ``1 + abort`` of the best sample
+    runs and its measured median decides (here passing in float16, floor 38 ms, measured 30 ms
+    less than the method's 45 ms: it wins)."""
+    d, seen = linked(SLOW, {1024: 0.045, 16384: 0.09, HALF: 0.040, NEVER: 0.09})
+    assert seen[1] == 1024 and HALF in seen and d.passes_half() and d.phase == "hold"
+    assert "pass all in fp16" not in d.as_dict()["not_run"]
+
+
+def test_on_a_fast_link_the_floors_change_nothing():
+    times = {1024: 0.010, 16384: 0.02, HALF: 0.02, NEVER: 0.02}
+    with_link, seen = linked(FAST, times)
+    without, plain = linked(None, times)  # no link: the first observation gets None
+    assert seen == plain and seen[:2] == [NEVER, NEVER] and not with_link.favoured
+    assert with_link.as_dict()["not_run"] == [] and with_link.threshold == 1024
+
+
+def test_a_favoured_method_waits_for_the_warm_up_and_a_drift_runs_every_candidate():
+    """Under the user's Adam's warm-up the passing candidate holds first (the method's tensors
+    would run dense); then the method runs first. A drift's probe runs the skipped candidates
+    (their floors are from the start), and a passing candidate that has become the fastest is
+    chosen."""
+    times = {1024: 0.010, 16384: 0.05, HALF: 0.05, NEVER: 0.09}
+    d, seen = linked(SLOW, times, wait=10)
+    assert set(seen[:11]) == {NEVER} and NEVER not in seen[11:] and HALF not in seen, seen
+    assert seen[11:14] == [1024] * 3 and d.threshold == 1024
+    d, seen = linked(SLOW, {1024: 0.010, 16384: 0.05, HALF: 0.045, NEVER: 0.09}, steps=120,
+                     drift_at=40)
+    assert NEVER not in seen[1:40] and HALF not in seen[:40] and HALF in seen[40:], seen
+    assert d.phase == "hold" and d.passes_half()
 
 
 def test_fixed_modes_and_the_state_round_trip():
