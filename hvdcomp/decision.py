@@ -299,6 +299,11 @@ class Decision(ExchangeWindow, DecisionRecord):
         return numel >= self.threshold
 
     waiting = False  # a probe is due but waits for a preconditioner's warm-up (``observe``)
+    link = None  # the measured ``hvdcomp.comm.link.Link`` the floors come from, or None
+
+    def wants_link(self):
+        """Whether the link is still to be measured: mode 'measure', before its first step."""
+        return self.phase == "probe" and self.link is None and self.thresholds is None
 
     def observe(self, window, numels, speak=False, steps=1, half=False, warming=None,
                 link=None):
@@ -312,12 +317,14 @@ class Decision(ExchangeWindow, DecisionRecord):
         ``numels``); ``warming``: None or a callable, true while a probe is to wait (*probe*;
         it sets ``waiting``, which ``hvdcomp.engine.QuietSteps`` reads); ``link``: None or a
         callable returning the measured ``hvdcomp.comm.link.Link`` (collective: called at the
-        first observation of mode 'measure' on every rank). The new threshold applies from the
-        next step."""
+        first observation of mode 'measure' on every rank, unless ``link`` was measured
+        before: ``wants_link``). The new threshold applies from the next step."""
         if self.thresholds is None:
+            if link is not None and self.wants_link():
+                self.link = link()
             self.thresholds = candidates(numels, self.min_numel, half)
-            if self.phase == "probe" and link is not None:
-                self._predict(link(), numels, speak)
+            if self.link is not None:
+                self._predict(self.link, numels, speak)
         if self.phase == "fixed":
             return
         self.waiting = bool(self.phase == "probe" and self.queue is None and warming

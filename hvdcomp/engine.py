@@ -296,11 +296,13 @@ class Batch:
 def observe(engine, ctx, entries, agreed):
     """The decision observes the step's first agreement (``hvdcomp.decision.Decision.observe``):
     the last step's agreed window; the float16 pass offered where Horovod sums every tensor, its
-    NaN/Inf propagated; the link measured on hvdcomp's communicator at its first observation."""
+    NaN/Inf propagated; the link measured on hvdcomp's communicator at its first observation
+    (where the job's first ``entry`` did not measure it: graph front ends, whose first
+    agreement runs before Horovod sums anything)."""
     engine.decision.observe(
         agreed.window, [e.numel for e in entries], speak=ctx.rank == 0,
         steps=engine.quiet.since(), warming=lambda: warming(engine, entries),
-        link=lambda: measure_link(ctx.comm, 4 * sum(e.numel for e in entries)),
+        link=lambda: measure_link(ctx.comm),
         half=agreed.all_by_horovod and not engine.aside and engine.on_nonfinite == "propagate"
         and all(hasattr(e.adapter, "halved") for e in entries))
 
@@ -412,6 +414,8 @@ class StepEngine:
         steps: ~4 ms per step). ``adam``: Entry's (a renewed entry takes it). The step's first
         call starts the decision's timing window."""
         self.kernels.load_if_due()  # before the window begins: no candidate's cost
+        if self.decision.wants_link():  # the job's first entry: nothing on the link yet
+            self.decision.link = measure_link(self.context().comm)
         self.decision.begin()
         defer = by_horovod and self.quiet.expects(self.step)  # its status: nothing reads it
         if by_horovod:

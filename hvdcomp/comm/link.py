@@ -1,14 +1,16 @@
-"""How fast the ranks' network sums a buffer: a two-point measurement of an all-reduce.
+"""How fast the ranks' network sums a buffer: an all-reduce timed at growing sizes.
 
-``measure(comm, nbytes)`` times the transport's in-place sum of float32 buffers of two sizes (the
-larger one ``nbytes`` clipped to [64 KiB, 4 MiB], the smaller an eighth of it; the fastest of
-two calls each, after one untimed call) and fits ``latency + seconds_per_byte * bytes``. Every
-rank takes rank 0's fit, so that decisions drawn from it are the same on every rank.
+``measure(comm)`` times the transport's in-place sum of float32 buffers: one untimed call (it
+sets up the connections and lines the ranks up), then 8 KiB and 64 KiB, doubling from there
+until a sum takes ``TARGET`` seconds or the buffer reaches ``LARGEST``; each size's time is the
+fastest of two calls on the slowest rank (so every rank sees the same times and fits the same
+line), and ``latency + seconds_per_byte * bytes`` is fitted through the smallest and the largest.
 
 It is the cost of the collective a passed gradient goes through (Horovod's allreduce, DDP's
 all-reduce: the same link, a ring algorithm alike), so ``Link.seconds(bytes)`` is a floor under
 the exchange of a step that passes that many bytes: whatever overlaps it, those bytes cross the
-link within the step. It takes five all-reduces: a few seconds at 20 Mbit/s, 0.1 s at 1 Gbit/s.
+link within the step. It is taken where nothing else is on the link (before the job's first
+gradient is handed to Horovod or DDP), and takes about four times ``TARGET``: 0.1-0.3 s.
 """
 import time
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-SMALLEST, LARGEST = 64 << 10, 4 << 20  # the larger buffer's bounds, bytes
+SMALLEST, FIRST, LARGEST = 8 << 10, 64 << 10, 4 << 20  # bytes
+TARGET = 0.05  # seconds: a sum this long is mostly bandwidth on links of 1 Mbit/s and more
 
 
 @dataclass(frozen=True)
@@ -34,26 +37,28 @@ class Link:
                 f"{1e3 * self.latency:.2f} ms")
 
 
-def measure(comm, nbytes):
-    """Rank 0's fit of in-place float32 sums of about ``nbytes`` (see the module docstring) on
-    ``comm`` (an mpi4py communicator or ``hvdcomp.comm.transport.TorchTransport``); collective:
-    every rank of ``comm`` calls it at the same point."""
-    large = int(min(max(nbytes, SMALLEST), LARGEST)) // 4
-    sizes = (max(large // 8, 1), large)
-    buffers = [np.ones(n, dtype=np.float32) for n in sizes]
-    comm.Allreduce(MPI.IN_PLACE, buffers[0])  # connections set up, not timed
-    timed = []
-    for buf in buffers:
-        best = np.inf
-        for _ in range(2):
-            t0 = time.perf_counter()
-            comm.Allreduce(MPI.IN_PLACE, buf)
-            best = min(best, time.perf_counter() - t0)
-        timed.append(best)
-    (small, big), (t_small, t_big) = (4 * n for n in sizes), timed
-    slope = (t_big - t_small) / (big - small)
+def measure(comm):
+    """The ``Link`` of ``comm`` (an mpi4py communicator or
+    ``hvdcomp.comm.transport.TorchTransport``), the same on every rank (see the module
+    docstring); collective: every rank of ``comm`` calls it at the same point."""
+    comm.Allreduce(MPI.IN_PLACE, np.zeros(SMALLEST // 4, dtype=np.float32))
+    small = _timed(comm, SMALLEST)
+    size, took = FIRST, _timed(comm, FIRST)
+    while took < TARGET and size < LARGEST:
+        size *= 2
+        took = _timed(comm, size)
+    slope = (took - small) / (size - SMALLEST)
     if slope <= 0:  # noise larger than the difference: all of it as bandwidth
-        fit = (0.0, t_big / big)
-    else:
-        fit = (max(t_small - slope * small, 0.0), slope)
-    return Link(*comm.bcast(fit, root=0))
+        return Link(0.0, took / size)
+    return Link(max(small - slope * SMALLEST, 0.0), slope)
+
+
+def _timed(comm, nbytes):
+    """The slowest rank's fastest of two in-place sums of ``nbytes`` bytes of float32."""
+    buf = np.zeros(nbytes // 4, dtype=np.float32)
+    best = np.inf
+    for _ in range(2):
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buf)
+        best = min(best, time.perf_counter() - t0)
+    return comm.allreduce(best, op=MPI.MAX)
