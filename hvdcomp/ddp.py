@@ -21,8 +21,11 @@ layout, so a resumed run repeats the uninterrupted one bit for bit (DDP's own al
 not, in the first iteration of a new DDP model, whose layout differs).
 The method, its options, the loss scale of ``torch.amp.GradScaler`` (``hvdcomp.loss_scale``),
 the checks that raise on every rank (settings that differ, non-finite gradients per
-``on_nonfinite``) are as for Horovod; the user's Adam is not followed (each bucket's gradient is
-compressed as under SGD, with error feedback).
+``on_nonfinite``) are as for Horovod, and so is the user's ``torch.optim.Adam``/``AdamW``: the
+first optimizer to step over the model's parameters (seen by a global step pre-hook of
+torch.optim, removed then) is the one whose moments hvdcomp follows where it is Adam
+(``hvdcomp.preconditioning.FollowAdam``: each rank sends its momentum, Adam takes the mean one;
+clipping between ``backward()`` and ``step()`` acts on what Adam then reads).
 
 State for checkpoints: ``state.state_dict()`` / ``state.load_state_dict(d)`` (tensors and plain
 values only: ``torch.load(weights_only=True)`` reads it), and ``pickle`` (as ``PowerSGDState``:
@@ -36,7 +39,7 @@ from hvdcomp.engine import Entry
 from hvdcomp.errors import HvdcompError
 from hvdcomp.facade import BatchedCompressor
 from hvdcomp.facade.runtime import Runtime
-from hvdcomp.frontends import adapter_for
+from hvdcomp.frontends import Identity, adapter_for
 
 FORMAT = "hvdcomp-ddp-1"
 
@@ -64,6 +67,8 @@ class State:
         self.keys = WeakIdKeyDictionary()  # parameter -> its tensor's name
         self.waiting = []  # this iteration's buckets: (buffer, entries, DDPSum or None, Future)
         self._restore_later = None  # an unpickled state, restored once the group exists
+        self.optimizer = None  # the optimizer that steps the model's parameters, once seen
+        self._watching = _watch_optimizers(self)
 
     def bind(self):
         """The runtime (made on first use, over the group's torch.distributed transport)."""
@@ -91,13 +96,18 @@ class State:
         passes every tensor of the bucket, its all-reduce starts now, while the backward pass
         goes on (``DDPSum``); the step is reduced at the last bucket. Returns its Future."""
         import torch
+        if self._watching is not None and self.optimizer is not None:
+            self._watching.remove()
+            self._watching = None
         rt, names, buffer = self.bind(), self.names(bucket), bucket.buffer()
         gradients = bucket.gradients()
         passed = all(rt.hands_to_horovod(g.numel(), n, lambda: False)
                      for n, g in zip(names, gradients))
-        entries = [rt.engine.entry(n, g, adapter_for(g), by_horovod=True) if passed
-                   else Entry(n, g, adapter_for(g), gradient=True)
-                   for n, g in zip(names, gradients)]
+        identities = [Identity(n, p, optimizer=self.optimizer)
+                      for n, p in zip(names, bucket.parameters())]
+        entries = [rt.engine.entry(n, g, adapter_for(g), by_horovod=True, identity=i) if passed
+                   else Entry(n, g, adapter_for(g), identity=i, gradient=True)
+                   for n, g, i in zip(names, gradients, identities)]
         summing = DDPSum(buffer, self.process_group, rt.decision.passes_half()
                          and loss_scale.current() == 1.0) if passed else None
         fut = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
@@ -167,6 +177,23 @@ class State:
         self.__init__(compression, None, saved["state"]["start_iter"])
         self.iter = saved["state"]["iter"]
         self._restore_later = saved["state"]  # at the first hook: the group exists then
+
+
+def _watch_optimizers(state):
+    """A global step pre-hook of torch.optim that sets ``state.optimizer`` to the first
+    optimizer stepping a parameter ``state`` has named; its handle, which ``State.arrived``
+    removes then (not the hook itself: torch is iterating over the hooks)."""
+    import weakref
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    watched = weakref.ref(state)
+
+    def seen(optimizer, args, kwargs):
+        state = watched()
+        if state is not None and state.optimizer is None and any(
+                p in state.keys for g in optimizer.param_groups for p in g["params"]):
+            state.optimizer = optimizer
+    return register_optimizer_step_pre_hook(seen)
 
 
 def hook(state, bucket):

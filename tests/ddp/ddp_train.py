@@ -214,7 +214,90 @@ def amp(method, steps, optimizer, data_):
     return {"equal": all(torch.equal(a, b) for a, b in zip(*trained))}
 
 
-CASES = {"amp": amp, "train": train, "passthrough": passthrough, "resume": resume, "nosync": nosync, "mismatch": mismatch}
+class WithUnused(torch.nn.Module):
+    """The MLP beside a layer no step uses (DDP's ``find_unused_parameters=True``)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.unused = net, torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def graphs(method, steps, optimizer, data_):
+    """DDP's ``static_graph=True``, and ``find_unused_parameters=True`` with a layer no step
+    uses, each through the hook for ``steps`` steps: the eval loss before and after, the hook's
+    iterations, compressed elements, bit-identity, and how far the unused layer moved."""
+    (x, y), (xt, yt) = data_
+    out = {}
+    for variant in ("static", "unused"):
+        ddp, opt = model_and_optimizer(optimizer, method)
+        net = ddp.module if variant == "static" else WithUnused(ddp.module)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            net, bucket_cap_mb=0.1, static_graph=variant == "static",
+            find_unused_parameters=variant == "unused")
+        opt = type(opt)(ddp.parameters(), **{k: opt.defaults[k] for k in ("lr", "momentum")
+                                             if k in opt.defaults})
+        before = evaluate(ddp, xt, yt)[0]
+        unused = [p.detach().clone() for p in getattr(net, "unused", torch.nn.Linear(1, 1))
+                  .parameters()]
+        state = make_state(method)
+        run(ddp, opt, state, x, y, steps)
+        moved = max(float((p.detach() - u).abs().max()) for p, u in
+                    zip(getattr(net, "unused", torch.nn.Linear(1, 1)).parameters(), unused)) \
+            if variant == "unused" else 0.0
+        out[variant] = {"before": before, "after": evaluate(ddp, xt, yt)[0],
+                        "iter": state.iter, "identical": identical(ddp), "unused_moved": moved,
+                        "compressed": int(state.runtime.engine.total_stats.compressed_elements)}
+    return out
+
+
+CLIP = 0.05  # a clip by norm that bites in every step of the digits MLP
+COMPRESSED = 1024  # the methods' default min_compress_numel: smaller tensors are summed exactly
+
+
+def clip(method, steps, optimizer, data_):
+    """The transformer recipe on the MLP: the user's AdamW (lr 3e-3, weight decay 0.01) with
+    ``clip_grad_norm_(max_norm=CLIP)`` between ``backward()`` and ``step()``, through
+    ``method``'s hook and without a hook ('none', run once per launch): each run's eval loss,
+    the largest change of a weight in one step over the learning rate (Adam's update stays near
+    1), the share of steps the clip bit, and per step whether AdamW's first moment after its
+    step is the gradient it stepped, for every tensor the method compresses (hvdcomp's mean
+    momentum, clipped: what it follows)."""
+    (x, y), (xt, yt) = data_
+    if "none" not in _CLIPPED:
+        _CLIPPED["none"] = clipped_run("none", steps, x, y, xt, yt)
+    return {"none": _CLIPPED["none"], method: clipped_run(method, steps, x, y, xt, yt)}
+
+
+_CLIPPED = {}
+
+
+def clipped_run(method, steps, x, y, xt, yt):
+    rank = dist.get_rank()
+    ddp, opt = model_and_optimizer("adamw", method)
+    state = make_state(method)
+    if state is not None:
+        ddp.register_comm_hook(state, hvdcomp.ddp.hook)
+    largest, bit, followed = 0.0, 0, []
+    for step in range(steps):
+        xb, yb = batch(x, y, step, rank)
+        opt.zero_grad()
+        F.cross_entropy(ddp(xb), yb).backward()
+        bit += float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)) > CLIP
+        old = [p.detach().clone() for p in ddp.parameters()]
+        opt.step()
+        largest = max(largest, max(float((p.detach() - o).abs().max())
+                                   for p, o in zip(ddp.parameters(), old)))
+        followed.append(all(torch.equal(opt.state[p]["exp_avg"], p.grad)
+                            for p in ddp.parameters() if p.numel() >= COMPRESSED))
+    return {"loss": evaluate(ddp, xt, yt)[0], "step_over_lr": largest / 3e-3,
+            "clipped": bit / steps, "followed": followed, "identical": identical(ddp)}
+
+
+CASES = {"amp": amp, "train": train, "passthrough": passthrough, "resume": resume,
+         "nosync": nosync, "mismatch": mismatch, "graphs": graphs, "clip": clip}
 
 
 def main():
