@@ -47,11 +47,14 @@ FORMAT = "hvdcomp-ddp-1"
 class State:
     """A hook's state: ``compression`` (an hvdcomp compressor, or its class: a new instance;
     default ``hvdcomp.Marsit``), ``process_group`` (None: the default group), ``start_iter``
-    (iterations of DDP's own all-reduce first, >= 1). ``iter`` counts the iterations begun;
+    (iterations of DDP's own all-reduce first, >= 1), ``optimizer`` (the optimizer of the
+    model's parameters, whose Adam hvdcomp follows; None: the first to step them, seen at its
+    first step: pass it where a run resumes from a checkpoint under Adam, so that the first
+    iteration after the resume follows it too). ``iter`` counts the iterations begun;
     ``runtime`` is the method's ``Runtime`` over the group (made at the first compressed step);
     ``keys`` names each parameter by its place in DDP's first bucket layout."""
 
-    def __init__(self, compression=None, process_group=None, start_iter=2):
+    def __init__(self, compression=None, process_group=None, start_iter=2, optimizer=None):
         compression = registry.METHODS["Marsit"] if compression is None else compression
         if isinstance(compression, type):
             compression = compression()
@@ -67,8 +70,8 @@ class State:
         self.keys = WeakIdKeyDictionary()  # parameter -> its tensor's name
         self.waiting = []  # this iteration's buckets: (buffer, entries, DDPSum or None, Future)
         self._restore_later = None  # an unpickled state, restored once the group exists
-        self.optimizer = None  # the optimizer that steps the model's parameters, once seen
-        self._watching = _watch_optimizers(self)
+        self.optimizer = optimizer  # the optimizer that steps the model's parameters
+        self._watching = _watch_optimizers(self) if optimizer is None else None
 
     def bind(self):
         """The runtime (made on first use, over the group's torch.distributed transport)."""

@@ -32,6 +32,7 @@ def train_results():
 def checks_results(case):
     specs = ("resume=" + ",".join(f"{m}@20" for m in METHODS), "passthrough=marsit@20",
              "amp=marsit@20,topk@20", "graphs=marsit@20,topk@20",
+             "resume-adamw=marsit@30,binsgdm@30",
              "clip=" + ",".join(f"{m}@{CLIPPED_STEPS}" for m in METHODS),
              "nosync=marsit,topk", "mismatch=marsit")
     return [r for r in launch(*specs) if r["case"] == case]
@@ -62,6 +63,15 @@ def test_a_checkpoint_resumes_bit_for_bit(method):
     assert r["resumed_identical"], "the resumed run left the uninterrupted one"
     assert r["identical"] and r["iter"] == 20
     assert r["unpickled_iter"] == 10  # pickled at half the steps
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("method", ["marsit", "binsgdm"])
+def test_a_checkpoint_under_adamw_resumes_bit_for_bit(method):
+    """Under AdamW (followed from its warm-up's end, step 11), a checkpoint at step 15 and a new
+    hook given the optimizer (``State(optimizer=opt)``) continue bit for bit."""
+    (r,) = [r for r in checks_results("resume-adamw") if r["method"] == method]
+    assert r["resumed_identical"] and r["identical"] and r["iter"] == 30, r
 
 
 @pytest.mark.timeout(500)

@@ -70,13 +70,14 @@ def identical(model):
     return len(set(rows)) == 1
 
 
-def make_state(method, **kwargs):
-    """The hook's state for ``method``: its class's lowercase name, then optionally ``#seed``
-    (``marsit#1``); 'none': no hook."""
+def make_state(method, optimizer=None, **kwargs):
+    """The hook's state for ``method`` (``optimizer``: the ``State``'s): its class's lowercase
+    name, then optionally ``#seed`` (``marsit#1``); 'none': no hook."""
     name, _, seed = method.partition("#")
     if name == "none":
         return None
-    return hvdcomp.ddp.State(METHODS[name](**({"seed": int(seed)} if seed else {}), **kwargs))
+    return hvdcomp.ddp.State(METHODS[name](**({"seed": int(seed)} if seed else {}), **kwargs),
+                             optimizer=optimizer)
 
 
 def run(ddp, opt, state, x, y, steps, first=0):
@@ -109,10 +110,11 @@ def train(method, steps, optimizer, data_):
     return result
 
 
-def resume(method, steps, optimizer, data_):
+def resume(method, steps, optimizer, data_, follow=False):
     """A checkpoint at half the steps (model, optimizer, hook state through torch.save and
     torch.load(weights_only=True)) continued in fresh objects: bit-identical to the run that
-    went straight through; the state also survives pickle."""
+    went straight through; the state also survives pickle. ``follow``: the resumed hook is
+    given the optimizer (``State(optimizer=...)``), as a resume under Adam must."""
     (x, y), _ = data_
     ddp, opt = model_and_optimizer(optimizer, method)
     run(ddp, opt, make_state(method), x, y, steps)
@@ -129,7 +131,7 @@ def resume(method, steps, optimizer, data_):
     ddp, opt = model_and_optimizer(optimizer, method)
     ddp.module.load_state_dict(loaded["model"])
     opt.load_state_dict(loaded["opt"])
-    state = make_state(method)
+    state = make_state(method, **({"optimizer": opt} if follow else {}))
     if state is not None:
         state.load_state_dict(loaded["hook"])
     run(ddp, opt, state, x, y, steps, first=steps // 2)
@@ -297,6 +299,7 @@ def clipped_run(method, steps, x, y, xt, yt):
 
 
 CASES = {"amp": amp, "train": train, "passthrough": passthrough, "resume": resume,
+         "resume-adamw": lambda m, s, o, d: resume(m, s, "adamw", d, follow=True),
          "nosync": nosync, "mismatch": mismatch, "graphs": graphs, "clip": clip}
 
 
