@@ -43,18 +43,18 @@ is timed as it runs once chosen: passing every tensor on quiet steps (no collect
 preconditioner's dense warm-up, the first passed step of a tensor carrying its error memory) is
 not counted.
 
-What is predicted, before anything is timed (mode 'measure', the job's first step,
-``hvdcomp.comm.link``): how fast the network sums a buffer (two all-reduces of up to 4 MiB, timed
-once), hence a *floor* under each candidate's step: the bytes it passes cannot cross the link
-faster, whatever overlaps them. The floors only save steps, they never choose: where passing
-every tensor's floor is ``FIRST`` (2) times an estimate of the method's step (its wire at a
-quarter of a byte per element, its codec at 10 ns per element), the method is put in force from
-the second step on (the first passes: nothing is known before it), before passing, and its
-kernels load at once; a probe skips a candidate whose floor is over ``1 + abort`` times the best
-sample so far (it would be dropped after its sample anyway), its floor standing for its median,
-until a drift starts a probe that runs every candidate. So on a slow link the job compresses
-from its second step and never runs a passing step to learn that it is slow (20 Mbit/s,
-ResNet-18: each would take about 30 s); where the floors are low, nothing changes.
+What is predicted, before anything is timed (mode 'measure', the job's first gradient,
+``hvdcomp.comm.link``): how fast the network sums a buffer (all-reduces of growing size up to 4
+MiB, 0.1-0.3 s once), hence a *floor* under each candidate's step: the bytes it passes cannot
+cross the link faster, whatever overlaps them. The floors only save steps, they never choose:
+where passing every tensor's floor is ``FIRST`` (2) times an estimate of the method's step (its
+wire at a quarter of a byte per element, its codec at 10 ns per element), the method is put in
+force from the second step on (the first passes: nothing is known before it), before passing,
+and its kernels load at once; a probe skips a candidate whose floor is over ``1 + abort`` times
+the best sample so far (it would be dropped after its sample anyway), its floor standing for its
+median, until a drift starts a probe that runs every candidate. So on a slow link the job
+compresses from its second step and never runs a passing step to learn that it is slow (20
+Mbit/s, ResNet-18: each would take 20-30 s); where the floors are low, nothing changes.
 
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
@@ -70,7 +70,8 @@ same threshold, applied from the next step on):
   hvdcomp's placeholder or in float16, measured 0.5-1.5 s more than its next steps on ResNet-18
   at 300 Mbit/s, which a single sample could take for the candidate's speed) and one sample;
   the one in force first (at the start of training: passing every tensor, or the method where
-  it is favoured), then the others, most compression first, less those whose floor is hopeless. The finalists, those whose sample
+  it is favoured), then the others, most compression first, less those whose floor is
+  hopeless. The finalists, those whose sample
   is within ``1 + abort`` times the best one, then take ``samples - 1`` more each (the one in
   force first, without settling); the others are dropped. So a hopeless candidate costs two
   steps whichever side of the winner it lies (in one round of a fixed order, only those after a

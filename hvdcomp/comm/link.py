@@ -33,6 +33,7 @@ class Link:
         return self.latency + self.seconds_per_byte * nbytes if nbytes > 0 else 0.0
 
     def describe(self):
+        """Its bandwidth and latency, for a log line."""
         return (f"{1e-6 / max(self.seconds_per_byte, 1e-15):.1f} MB/s after "
                 f"{1e3 * self.latency:.2f} ms")
 

@@ -2,8 +2,8 @@
 the emulated cluster, through the stock hvd.DistributedOptimizer(SGD) on the digits MLP.
 
 Args: compressions (e.g. ``marsit topk``), run one after the other. For each: STEPS steps,
-recording per step the candidate in force (its threshold, 'fp16' for the float16 pass),
-whether the parameters are bit-identical across ranks and their digest; a checkpoint (model, optimizer,
+recording per step the candidate in force (its threshold, 'fp16' for the float16 pass), whether
+the parameters are bit-identical across ranks and their digest; a checkpoint (model, optimizer,
 compressor) after step SAVE; then a fresh model, optimizer and compressor load it and run the
 steps after SAVE again, recording the same. Also the decision's floors and what it did not run.
 """
