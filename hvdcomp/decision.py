@@ -54,7 +54,8 @@ and its kernels load at once; a probe skips a candidate whose floor is over ``1 
 the best sample so far (it would be dropped after its sample anyway), its floor standing for its
 median, until a drift starts a probe that runs every candidate. So on a slow link the job
 compresses from its second step and never runs a passing step to learn that it is slow (20
-Mbit/s, ResNet-18: each would take 20-30 s); where the floors are low, nothing changes.
+Mbit/s, ResNet-18: each would take 20-30 s); floors under ``MIN_FLOOR`` (20 ms) do neither, so
+where the floors are low nothing changes.
 
 How (``Decision.observe``, once per step, the same numbers on every rank, so every rank holds the
 same threshold, applied from the next step on):
@@ -152,6 +153,9 @@ def candidates(numels, min_numel, half=False):
 # its encode and decode at CODEC_SECONDS per element.
 WIRE_BYTES, CODEC_SECONDS = 0.25, 1e-8
 FIRST = 2.0  # the method runs first where passing's floor is this many times its estimate
+# Floors under this (seconds) neither favour the method nor skip a candidate: next to a step's
+# own Python they are noise (on one machine's shared memory they flip with the load).
+MIN_FLOOR = 0.02
 
 
 def predict(link, thresholds, numels):
@@ -350,7 +354,7 @@ class Decision(ExchangeWindow, DecisionRecord):
         """The floors from the measured ``link`` (``predict``); the method first if favoured."""
         self.floors, estimate = predict(link, self.thresholds, numels)
         pass_all = self.floors[len(self.thresholds) - 1]
-        if pass_all > FIRST * estimate:
+        if pass_all > FIRST * estimate and pass_all >= MIN_FLOOR:
             self.first, self.favoured = 0, True
         if speak:
             log.info("compress-or-pass: the link sums %s; passing every tensor takes at least "
@@ -366,10 +370,11 @@ class Decision(ExchangeWindow, DecisionRecord):
 
     def _skip_hopeless(self):
         """Drop from the queue's head the candidates whose floor is over ``1 + abort`` times the
-        best sample so far: they would be dropped after their sample anyway."""
+        best sample so far (and ``MIN_FLOOR``): they would be dropped after their sample anyway."""
         best = min((w[0] for w in self.taken.values()), default=math.inf)
         while (self.skipping and self.queue and self.queue[0] not in self.taken
-               and self.floors.get(self.queue[0], 0.0) > (1 + self.abort) * best):
+               and self.floors.get(self.queue[0], 0.0) > max((1 + self.abort) * best,
+                                                              MIN_FLOOR)):
             self.unrun.append(self.queue.pop(0))
 
     def _begin_probe(self, light=False):

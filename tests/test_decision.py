@@ -404,6 +404,7 @@ def linked(link, times, steps=60, numels=(16384, 2560, 10), half=True, wait=0, d
 
 SLOW = Link(latency=0.001, seconds_per_byte=1e-6)  # 1 MB/s: passing 18954 floats >= 77 ms
 FAST = Link(latency=1e-5, seconds_per_byte=1e-10)
+LOADED = Link(latency=0.0, seconds_per_byte=1e-8)  # a slope, no latency: floors under 1 ms
 
 
 def test_on_a_slow_link_the_method_runs_from_the_second_step_and_no_pass_step_at_all():
@@ -435,11 +436,17 @@ def test_a_candidate_whose_floor_is_not_hopeless_is_still_timed():
 
 
 def test_on_a_fast_link_the_floors_change_nothing():
+    """Where the floors are far below the steps, or below ``MIN_FLOOR`` (shared memory under
+    load: passing's floor 0.8 ms, 3.8x the method's estimate, and 2x the steps of 0.4 ms), the
+    decision runs as with no link: passing first, every candidate timed."""
     times = {1024: 0.010, 16384: 0.02, HALF: 0.02, NEVER: 0.02}
-    with_link, seen = linked(FAST, times)
     without, plain = linked(None, times)  # no link: the first observation gets None
-    assert seen == plain and seen[:2] == [NEVER, NEVER] and not with_link.favoured
-    assert with_link.as_dict()["not_run"] == [] and with_link.threshold == 1024
+    fast = {1024: 0.0004, 16384: 0.0004, HALF: 0.0004, NEVER: 0.0004}
+    for link, times in ((FAST, times), (LOADED, fast)):
+        with_link, seen = linked(link, times)
+        assert seen == linked(None, times)[1] and seen[:2] == [NEVER, NEVER], seen
+        assert not with_link.favoured and with_link.as_dict()["not_run"] == []
+    assert linked(FAST, {1024: 0.010, 16384: 0.02, HALF: 0.02, NEVER: 0.02})[0].threshold == 1024
 
 
 def test_a_favoured_method_waits_for_the_warm_up_and_a_drift_runs_every_candidate():
