@@ -242,13 +242,12 @@ def graphs(method, steps, optimizer, data_):
         opt = type(opt)(ddp.parameters(), **{k: opt.defaults[k] for k in ("lr", "momentum")
                                              if k in opt.defaults})
         before = evaluate(ddp, xt, yt)[0]
-        unused = [p.detach().clone() for p in getattr(net, "unused", torch.nn.Linear(1, 1))
-                  .parameters()]
+        unused = list(net.unused.parameters()) if variant == "unused" else []
+        initial = [p.detach().clone() for p in unused]
         state = make_state(method)
         run(ddp, opt, state, x, y, steps)
-        moved = max(float((p.detach() - u).abs().max()) for p, u in
-                    zip(getattr(net, "unused", torch.nn.Linear(1, 1)).parameters(), unused)) \
-            if variant == "unused" else 0.0
+        moved = max((float((p.detach() - u).abs().max()) for p, u in zip(unused, initial)),
+                    default=0.0)
         out[variant] = {"before": before, "after": evaluate(ddp, xt, yt)[0],
                         "iter": state.iter, "identical": identical(ddp), "unused_moved": moved,
                         "compressed": int(state.runtime.engine.total_stats.compressed_elements)}
