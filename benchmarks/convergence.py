@@ -15,9 +15,10 @@ meets the target (1 pp / 2%), bytes sent per step per rank (measured by hvdcomp 
 computed as the ring all-reduce equivalent for Horovod's none/fp16), and the first evaluated step
 at which the seed-mean curve reaches the baseline's final seed-mean quality.
 
-Settings: Horovod's ``none`` and ``fp16``, then every preset of hvdcomp/registry.py marked
-``benchmark`` (so a method added there is run here too). Hyperparameters are the examples'
-per-method DEFAULTS, i.e. the registry's "digits" and "charlm" rates (see
+Settings: Horovod's ``none`` and ``fp16``, then every preset of hvdcomp/registry.py but those
+in examples/recipes.py's ``NOT_BENCHMARKED`` (so a method added there is run here too).
+Hyperparameters are the examples' per-method DEFAULTS, their "digits" and "charlm" rates in
+examples/recipes.py (see
 benchmarks/convergence_tuning.md); ``--lr-scales`` multiplies each method's default learning
 rate (a sweep: one row per scale).
 """
@@ -36,11 +37,14 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 from hvdcomp import registry  # noqa: E402
+import recipes  # noqa: E402
 
 CLUSTER = os.path.join(ROOT, "benchmarks", "cluster.sh")
 
-METHODS = ["none", "fp16"] + [name for name, p in registry.PRESETS.items() if p.benchmark]
+METHODS = ["none", "fp16"] + [name for name in registry.PRESETS
+                              if name not in recipes.NOT_BENCHMARKED]
 # script, metric key, higher-is-better, run-length arguments (full, smoke), target gap
 TASKS = {
     "digits": {"script": "examples/train_torch.py", "metric": "test_acc", "higher": True,
@@ -176,8 +180,8 @@ def read_run(path, fields, missing):
 
 
 def default_lr(task, method):
-    """The example's default learning rate for ``method`` (hvdcomp.registry, task ``task``)."""
-    return registry.rates(method, task).lr
+    """The example's default learning rate for ``method`` (examples/recipes.py, task ``task``)."""
+    return recipes.rates(method, task).lr
 
 
 def mean_curve(recs, metric):

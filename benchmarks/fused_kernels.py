@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from hvdcomp.algorithms import marsit as alg  # noqa: E402
+from hvdcomp.signs import merge as alg  # noqa: E402
 from hvdcomp.backend import pack_signs  # noqa: E402
 from hvdcomp.backend import topk as sel  # noqa: E402
 
@@ -43,7 +43,7 @@ def marsit_reference(g, e, p, merged, scratch):
 
 
 def marsit_fused(g, e, p, merged, bits):
-    from hvdcomp.kernels import signs
+    from hvdcomp.signs import kernels as signs
     s = alg.l1_scale(p, total=signs.encode(g, e, p, bits))
     step = np.empty_like(p)
     signs.marsit_decode(merged, p, 0.5, alg.memory_factor(0.5, SHARE), SHARE * s, step, p)
@@ -82,7 +82,8 @@ def timed(fn, repeat):
 COMPILE_SNIPPET = """
 import time, numpy as np
 t0 = time.perf_counter()
-from hvdcomp.kernels import signs, topk
+from hvdcomp.kernels import topk
+from hvdcomp.signs import kernels as signs
 t1 = time.perf_counter()
 g = np.ones(1000, np.float32); p = np.empty_like(g); b = np.empty(125, np.uint8)
 signs.encode(g, g, p, b); signs.marsit_decode(b, p, 1.0, 0.9, 0.1, p.copy(), p)

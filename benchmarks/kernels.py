@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hvdcomp.backend import bits, masks, topk  # noqa: E402
-from hvdcomp.backend import sketch as sk  # noqa: E402
+from hvdcomp.methods.sketchfusion import sketch as sk  # noqa: E402
 
 
 def best(fn, repeat):

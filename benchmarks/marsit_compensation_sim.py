@@ -4,7 +4,7 @@ simulation, no MPI.
     .venv/bin/python benchmarks/marsit_compensation_sim.py [--workers 4] [--steps 3000]
 
 Softmax regression on scikit-learn's digits, ``--workers`` simulated workers each with its own
-mini-batches. Each step uses hvdcomp's Marsit math (``hvdcomp.algorithms.marsit``: compensate,
+mini-batches. Each step uses hvdcomp's Marsit math (``hvdcomp.signs.merge``: compensate,
 l1 scale, global scale, apply, own_message); the ring merge is replaced by its output
 distribution (every element's aggregated sign is the sign of one worker chosen uniformly at
 random, which is what the multi-hop merge yields). Prints, for 'global', 'hybrid' and 'local'
@@ -25,7 +25,7 @@ import argparse
 import numpy as np
 from sklearn.datasets import load_digits
 
-from hvdcomp.algorithms import marsit as alg
+from hvdcomp.signs import merge as alg
 
 
 def softmax_grad(w, x, y):

@@ -16,7 +16,7 @@ What it prints (rank 0):
    torch.topk(|g|, k) (exact), the fast path ``hvdcomp.backend.topk.topk_approx`` on the same
    torch tensor (CPU tensors go through NumPy), the same fast path on Torch kernels only, and
    np.argpartition (exact), with the count the fast path returned;
-2. ``hvdcomp.topk.exchange`` of every rank's fast-path message, bidirectional, on the tree path
+2. ``hvdcomp.methods.topk.method.exchange`` of every rank's fast-path message, bidirectional, on the tree path
    and the all-gather path: bytes sent and received per rank (max and mean over ranks) and the
    wall time, next to what an fp32 ring all-reduce of the dense gradient would send per rank;
 3. a full ``hvdcomp.TopK()`` compress/decompress step (default settings) on the same gradient,
@@ -35,10 +35,10 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hvdcomp  # noqa: E402
 import hvdcomp.backend.topk as sel  # noqa: E402
-from hvdcomp.algorithms.topk import target_count  # noqa: E402
+from hvdcomp.methods.topk.math import target_count  # noqa: E402
 from hvdcomp.comm import get_context  # noqa: E402
 from hvdcomp.frontends.numpy import named  # noqa: E402
-from hvdcomp.topk import exchange  # noqa: E402
+from hvdcomp.methods.topk.method import exchange  # noqa: E402
 
 
 def quiet_barrier(comm):

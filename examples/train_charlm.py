@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 from hvdcomp import registry
+import recipes  # examples/recipes.py: the learning rates
 from train_torch import bytes_per_step, say, weights_digest  # examples/ is sys.path[0]
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (constructor
@@ -36,16 +37,16 @@ COMPRESSIONS = {
 
 
 def _optimizer(rates):
-    """'adam', 'sgd' or 'sgdm' (SGD with momentum 0.9) for a registry.Rates."""
+    """'adam', 'sgd' or 'sgdm' (SGD with momentum 0.9) for a recipes.Rates."""
     if rates.optimizer == "adam":
         return "adam"
     return "sgdm" if rates.momentum else "sgd"
 
 
-# Per-method (optimizer, learning rate) for this task ("charlm" in hvdcomp/registry.py), chosen
+# Per-method (optimizer, learning rate) for this task ("charlm" in examples/recipes.py), chosen
 # once by the equal-effort sweep in benchmarks/convergence_tuning.md and used for every seed.
 # BinSGDM is itself the optimizer (momentum + sign votes), so its inner optimizer is plain SGD.
-DEFAULTS = {name: (_optimizer(registry.rates(name, "charlm")), registry.rates(name, "charlm").lr)
+DEFAULTS = {name: (_optimizer(recipes.rates(name, "charlm")), recipes.rates(name, "charlm").lr)
             for name in COMPRESSIONS}
 
 

@@ -23,6 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 import hvdcomp
 import hvdcomp.ddp
+import recipes  # examples/recipes.py: the learning rates
 from digits import load_digits
 
 METHODS = {name.lower(): cls for name, cls in hvdcomp.registry.METHODS.items()}
@@ -65,7 +66,7 @@ def main():
                               torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     model = torch.nn.parallel.DistributedDataParallel(net)
     register(model, args.compression)
-    lr, momentum = hvdcomp.registry.lr_momentum(
+    lr, momentum = recipes.lr_momentum(
         args.compression if args.compression in METHODS else "none", "digits")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr or lr, momentum=momentum)
     mine = torch.arange(rank, len(xs), size)

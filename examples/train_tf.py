@@ -25,6 +25,7 @@ import horovod.tensorflow.keras as hvdk
 import hvdcomp
 from digits import load_digits
 from hvdcomp import registry
+import recipes  # examples/recipes.py: the learning rates
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py.
 CHOICES = ["marsit", "none", "fp16"] + [n for n in registry.PRESETS if n != "marsit"]
@@ -58,7 +59,7 @@ def parser():
     ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                     help="the Keras optimizer: SGD (with --momentum) or Adam")
     ap.add_argument("--lr", type=float, default=None,
-                    help="default: per method (hvdcomp.registry, task 'tf-digits', else 'digits')")
+                    help="default: per method (examples/recipes.py, task 'tf-digits', else 'digits')")
     ap.add_argument("--momentum", type=float, default=None, help="default: per method")
     ap.add_argument("--ckpt", default=None, help="write a checkpoint (model + hvdcomp state) here")
     return ap
@@ -76,7 +77,7 @@ def train(args, method, seed, lr=None, verbose=True):
     else:
         compression = registry.build(method)
     setup_seconds = time.perf_counter() - built  # the compressor's construction
-    lr_default, momentum = registry.lr_momentum(method, "tf-digits", fallback="digits")
+    lr_default, momentum = recipes.lr_momentum(method, "tf-digits", fallback="digits")
     lr = next(x for x in (lr, args.lr, lr_default) if x is not None)
     momentum = momentum if args.momentum is None else args.momentum
     model = make_model()

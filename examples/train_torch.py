@@ -21,6 +21,7 @@ import horovod.torch as hvd
 
 from digits import load_digits
 from hvdcomp import registry
+import recipes  # examples/recipes.py: the learning rates
 
 # Horovod's own compressions, then every hvdcomp preset of hvdcomp/registry.py (e.g. 'marsit',
 # 'marsit-global': the paper's memory, 'marsit-rms'/'-adam': precondition='rms'/'adam').
@@ -30,11 +31,11 @@ COMPRESSIONS = {
     **{name: (lambda name=name: registry.build(name)) for name in registry.PRESETS},
 }
 
-# Per-method (learning rate, SGD momentum) for this task ("digits" in hvdcomp/registry.py),
+# Per-method (learning rate, SGD momentum) for this task ("digits" in examples/recipes.py),
 # chosen once by the equal-effort sweep in benchmarks/convergence_tuning.md (40 epochs, 4 ranks)
 # and used for every seed. Sign-based methods take steps of fixed size per element, so they want
 # smaller rates; BinSGDM carries its own momentum, so its inner optimizer is plain SGD.
-DEFAULTS = {name: registry.lr_momentum(name, "digits") for name in COMPRESSIONS}
+DEFAULTS = {name: recipes.lr_momentum(name, "digits") for name in COMPRESSIONS}
 
 
 def load_digits_split(seed=0):

@@ -52,6 +52,8 @@ from hvdcomp.comm import mean_allreduce
 from hvdcomp.comm.context import Gathered
 from hvdcomp.comm.link import measure as measure_link
 from hvdcomp.decision import compresses_for_good
+from hvdcomp.methods import contract
+from hvdcomp.methods.contract import Batch
 from hvdcomp.stats import StepStats, ring_bytes
 
 log = logging.getLogger("hvdcomp")
@@ -158,8 +160,9 @@ class HorovodSum(NamedTuple):
 
 SUMMED = HorovodSum()  # Horovod's output as it is: the result of every entry by_horovod
 
-class Entry:
-    """One gradient of the current batch.
+class Entry(contract.Entry):
+    """One gradient of the current batch: what its method sees (``hvdcomp.methods.contract.Entry``)
+    and what the engine keeps of it.
 
     ``work``: the flat float32 working array (for every input dtype), a NumPy array for host
     data or a torch tensor on the gradient's device (None for an unsupported dtype, and for an
@@ -187,10 +190,8 @@ class Entry:
     caller (``identity``) lets it be overwritten, as Horovod's own in-place allreduce of a
     DistributedOptimizer gradient does (the adapter's ``result_target``); else None.
     """
-    __slots__ = ("key", "ticket", "adapter", "work", "shape", "dtype", "device", "dtype_name",
-                 "numel", "status", "dense", "by_horovod", "compensated", "owned", "moments",
-                 "own_scale", "into", "target", "gradient", "zero", "adam", "_signature",
-                 "source", "half")
+    __slots__ = ("ticket", "adapter", "dtype", "device", "dtype_name", "status", "dense",
+                 "by_horovod", "target", "zero", "_signature", "source", "half")
 
     def __init__(self, key, tensor, adapter, by_horovod=False, identity=None, gradient=None,
                  adam=None, defer=False):
@@ -264,33 +265,6 @@ class Entry:
             flat = flat * factor
         return self.adapter.restore(flat, self.shape, self.dtype, self.device)
 
-    def result_buffer(self, like, done_reading=None):
-        """The array to write this entry's step into, shaped and typed like ``like`` (contents:
-        garbage): ``into`` (the user's gradient: no allocation) when the method reads the
-        gradient no more, else a new array. ``done_reading``: whether nothing the method still
-        reads is the working gradient; by default ``owned`` (the error-compensated vector the
-        decode reads is a buffer of the store, ``hvdcomp.feedback``)."""
-        free = self.owned if done_reading is None else done_reading
-        if free and self.into is not None and self.into.dtype == like.dtype:
-            return self.into
-        return xp.empty_like(like)
-
-
-class Batch:
-    """What a method sees of one batch: ``entries`` (its compressed tensors, sorted by name),
-    ``ctx`` (the ``CommContext``), ``store`` (the ``StateStore``), ``step`` (steps completed
-    before this one), ``index`` (the batch within the step: LayerFusion buckets) and ``phase``
-    (a timer: ``with batch.phase('encode'): ...``)."""
-
-    def __init__(self, engine, ctx, entries):
-        self.entries, self.ctx, self.store = entries, ctx, engine.store
-        self.step, self.index, self.phase = engine.step, engine.batch, engine.phase
-
-    def key(self, *parts):
-        """A random-stream key: ``parts`` (ints, e.g. seed, step, rank, chunk), extended by the
-        batch index when it is > 0, so that the buckets of one step draw independent
-        randomness while one-batch steps keep their keys."""
-        return tuple(parts) + ((self.index,) if self.index else ())
 
 
 def observe(engine, ctx, entries, agreed):
@@ -362,7 +336,7 @@ class KernelLoading:
 
 
 class StepEngine:
-    """Reduces batches for one ``method`` (``hvdcomp.method.Method``, or a wrapper with its
+    """Reduces batches for one ``method`` (``hvdcomp.methods.contract.Method``, or a wrapper with its
     contract: ``name``, ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with
     ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
     ``store`` (a ``StateStore``), ``decision`` (a ``hvdcomp.decision.Decision``: which tensors it
@@ -517,11 +491,12 @@ class StepEngine:
         passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
         carried = not self.aside and carry_memories(self, ctx, passed)
         self.atypical = carried or self.atypical
-        n = self.method.n_scalars
+        n, view = self.method.n_scalars, Batch(big, ctx, self.store, self.step, self.batch,
+                                                self.phase)
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
-            scalars = np.asarray(self.method.prepare(Batch(self, ctx, big)) if big
-                                 else np.zeros((0, n)), dtype=np.float64).reshape(len(big), n)
+            scalars = np.asarray(self.method.prepare(view) if big else np.zeros((0, n)),
+                                 dtype=np.float64).reshape(len(big), n)
         bad, all_scalars = check_batch(self, ctx, agreed, (entries, small), scalars, carried)
         if bad:
             if ctx.rank == 0:
@@ -537,8 +512,7 @@ class StepEngine:
         aside = send_messages(self, passed) if self.aside else ()
         try:
             if big:
-                reduced.update(zip((e.key for e in big),
-                                   self.method.reduce(Batch(self, ctx, big), all_scalars)))
+                reduced.update(zip((e.key for e in big), self.method.reduce(view, all_scalars)))
         finally:
             all_scalars.wait()  # a gather in flight completes (check_batch)
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))

@@ -58,8 +58,7 @@ import numpy as np
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
 from hvdcomp.comm.hierarchy import Hierarchy, NodeMemory, shard_bounds
-from hvdcomp.engine import Entry
-from hvdcomp.frontends import adapter_for
+from hvdcomp.methods.contract import Entry
 
 MODES = ("auto", "flat")
 NODE_MEAN = "#node-mean"  # the store's scratch key suffix of a tensor's node mean shard
@@ -263,7 +262,7 @@ def _copy_out(entry, values):
 
 
 def _shard_entry(store, entry, shard, into):
-    """An engine ``Entry`` for this rank's ``shard`` (float32 host array) of ``entry``: the same
+    """A method's ``Entry`` for this rank's ``shard`` (float32 host array) of ``entry``: the same
     key (its state is the shard's), the user's Adam moments (``entry.adam``) kept, its result
     to be written ``into`` the node's shared result where the method can. A memory of another
     size (saved under another layout) is dropped."""
@@ -273,6 +272,5 @@ def _shard_entry(store, entry, shard, into):
                     "this rank's shard has %d): starting it from zero", entry.key,
                     np.size(memory), shard.size)
         store.discard(entry.key)
-    made = Entry(entry.key, shard, adapter_for(shard), gradient=entry.gradient)
-    made.adam, made.into = entry.adam, into
-    return made
+    return Entry(entry.key, shard.reshape(-1), shard.shape, gradient=entry.gradient,
+                 adam=entry.adam, into=into)

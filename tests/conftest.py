@@ -23,7 +23,7 @@ from mpirun import results, run, shared  # noqa: E402
 from variants import settings_for  # noqa: E402
 
 # (lr, momentum) per test name for the tests' digits runs (20 epochs, 4 ranks): task "digits-test"
-# of hvdcomp/registry.py (how each rate was chosen is noted there); a test-local variant of
+# of tests/expect.py (how each rate was chosen is noted there); a test-local variant of
 # tests/variants.py takes its preset's rates.
 SETTINGS = settings_for("digits-test")
 EPOCHS = 20

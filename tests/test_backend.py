@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hvdcomp.backend import bernoulli_mask, mask_words_digits, merge_bits, pack_signs, unpack_signs
-from hvdcomp.algorithms import marsit as alg
+from hvdcomp.signs import merge as alg
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 12345])

@@ -5,6 +5,7 @@ MPI. Rank script: tests/mpi/bad_input.py."""
 import pytest
 
 import hvdcomp
+import expect
 from hvdcomp import registry
 from mpirun import results, run
 
@@ -36,7 +37,7 @@ def test_empty_and_0d_tensors(bad_input, m):
         assert r[f"{m}.empty"] == [[0], 0, "torch.float32"]
         shape, value, dtype = r[f"{m}.scalar"]
         assert shape == [] and dtype == "torch.float32"
-        if registry.EXPECT[m].small_exact:  # summed exactly, uncompressed: mean of 0 and 1
+        if expect.EXPECT[m].small_exact:  # summed exactly, uncompressed: mean of 0 and 1
             assert value == 0.5
         else:  # every tensor is voted on (BinSGDM): the mean of a random and a +1 vote
             assert value in (0.0, 1.0)
@@ -100,7 +101,7 @@ def test_sparse_gradients(bad_input, m):
     """nn.Embedding(sparse=True): without sparse_as_dense Horovod reduces the sparse gradient
     itself (uncompressed; the result equals compression=none), the dense one is compressed;
     with sparse_as_dense=True both go through the compressor. Ranks bit-identical."""
-    expect = registry.EXPECT[m]
+    expect = expect.EXPECT[m]
     vector = [] if expect.exact_vectors else ["w"]  # the 2000-element vector's state
     for r in bad_input.values():
         assert r[f"{m}.sparse_same"] and r[f"{m}.sparse_identical"]
@@ -112,8 +113,8 @@ def test_sparse_gradients(bad_input, m):
 
 
 # -- construction: invalid settings raise ValueError naming the argument (no MPI) ---------------
-# per method: registry.EXPECT[method].invalid
-INVALID = {m: registry.EXPECT[m].invalid for m in METHODS}
+# per method: expect.EXPECT[method].invalid
+INVALID = {m: expect.EXPECT[m].invalid for m in METHODS}
 
 
 @pytest.mark.parametrize("m, arg, value", [(m, a, v) for m, cases in INVALID.items()

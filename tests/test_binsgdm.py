@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import hvdcomp
-from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.methods.binsgdm import math as alg
 from hvdcomp.backend import pack_signs, unpack_signs
-from hvdcomp.backend.stochastic import stochastic_signs, uniforms
+from hvdcomp.methods.binsgdm.stochastic import stochastic_signs, uniforms
 from hvdcomp.comm.hierarchy import shard_bounds, small_int_dtype
 from conftest import EPOCHS, SETTINGS, train_digits
 from mpirun import results, run
@@ -122,7 +122,7 @@ def test_small_int_dtype_and_aligned_shards():
 
 
 def test_public_surface_and_options():
-    assert hvdcomp.BinSGDM.Method.__module__ == "hvdcomp.binsgdm"  # the method; its facade:
+    assert hvdcomp.BinSGDM.Method.__module__ == "hvdcomp.methods.binsgdm.method"  # the method; its facade:
     assert hvdcomp.BinSGDM.__module__ == "hvdcomp" and hvdcomp.BinSGDM.method == "BinSGDM"
     assert "BinSGDM" in hvdcomp.__all__
     comp = hvdcomp.BinSGDM(betas=(0.9, 0.999), eps=1e-6, seed=4, ranks_per_node=2)

@@ -64,3 +64,9 @@ def test_node_stages_split_the_work_into_the_shard_coded_and_every_element_passe
                 points.append((t, rounds, 0.1 * n, bw, codec, stage))
     coef, rel = cost_model.fit(points)
     assert np.max(np.abs(rel)) < 1e-6 and np.allclose(coef, [a, b, c, e, d], rtol=1e-3)
+
+
+def test_every_method_has_a_traffic_law():
+    from hvdcomp import registry
+    assert set(cost_model.LAWS) == set(registry.METHODS)
+    assert {cost_model.law(f"{m}@hierarchy=flat") for m in registry.METHODS} <= set(cost_model.LAWS.values())

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hvdcomp.backend import bernoulli_mask, merge_bits, pack_signs, unpack_signs
-from hvdcomp.backend import sketch as sk
+from hvdcomp.methods.sketchfusion import sketch as sk
 from hvdcomp.backend import topk as sel
-from hvdcomp.backend.stochastic import stochastic_signs, uniforms
+from hvdcomp.methods.binsgdm.stochastic import stochastic_signs, uniforms
 from mpirun import results, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -70,8 +70,8 @@ def test_keyed_randomness_on_cuda():
 
 
 def test_votes_and_mean_vote_on_cuda_match_the_host():
-    from hvdcomp.algorithms.binsgdm import mean_vote
-    from hvdcomp.efsignsgd import majority_step, vote_total
+    from hvdcomp.methods.binsgdm.math import mean_vote
+    from hvdcomp.methods.efsignsgd.method import majority_step, vote_total
     rows = np.stack([pack_signs(_vector(10_001, s)) for s in range(3)])
     like = torch.zeros(1, device="cuda")
     total = vote_total(rows, 10_001)

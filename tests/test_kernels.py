@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 
 from hvdcomp import kernels
-from hvdcomp.algorithms import marsit as alg
+from hvdcomp.signs import merge as alg
 from hvdcomp.backend import pack_signs
 from hvdcomp.backend import topk as sel
-from hvdcomp.efsignsgd import majority_step, own_error, vote_total
+from hvdcomp.methods.efsignsgd.method import majority_step, own_error, vote_total
 
 pytest.importorskip("numba")
-from hvdcomp.kernels import signs  # noqa: E402
+from hvdcomp.signs import kernels as signs  # noqa: E402
 from hvdcomp.kernels import topk as fused_topk  # noqa: E402
 from hvdcomp.kernels.topk import SumSource  # noqa: E402
+from hvdcomp.signs import KERNELS as SIGNS  # noqa: E402
 
 LENGTHS = [0, 1, 7, 8, 9, 127, 128, 129, 1000, 8191, 8192, 8193, 100_003]
 DTYPES = [np.float32, np.float64]
@@ -153,7 +154,7 @@ def test_topk_sum_source_selects_what_the_reference_selects(kind, n, k, method):
 def test_topk_set_merges_match_the_reference(idt, vdt, na, nb, shared):
     """The exchange's pair sum and ``won``: the reference's indices, values (a + b at shared
     indices, bit for bit) and masks, including empty and identical sets."""
-    from hvdcomp.algorithms import topk as talg
+    from hvdcomp.methods.topk import math as talg
     rng = np.random.default_rng(na + nb + shared)
     pool = rng.permutation(50 * (na + nb) + 2)
     ai = np.sort(pool[:na]).astype(idt)
@@ -173,14 +174,14 @@ def test_topk_set_merges_match_the_reference(idt, vdt, na, nb, shared):
 
 def test_switch(monkeypatch):
     x = np.zeros(16, np.float32)
-    kernels.warm("signs")
+    kernels.warm(SIGNS)
     monkeypatch.setenv(kernels.ENV, "numpy")
-    assert kernels.mode() == "numpy" and not kernels.active("signs", x)
+    assert kernels.mode() == "numpy" and not kernels.active(SIGNS, x)
     monkeypatch.setenv(kernels.ENV, "numba")
-    assert kernels.active("signs", x) and kernels.active("signs", x, None)
-    assert not kernels.active("signs", x[::2]) and not kernels.active("signs", x.astype(np.float16))
-    assert not kernels.active("signs", x, x.astype(np.float64))
-    assert not kernels.active("signs", x.reshape(4, 4))
+    assert kernels.active(SIGNS, x) and kernels.active(SIGNS, x, None)
+    assert not kernels.active(SIGNS, x[::2]) and not kernels.active(SIGNS, x.astype(np.float16))
+    assert not kernels.active(SIGNS, x, x.astype(np.float64))
+    assert not kernels.active(SIGNS, x.reshape(4, 4))
     assert not kernels.active("no-such-kernels", x)  # not loaded: the reference path
     monkeypatch.setenv(kernels.ENV, "fast")
     with pytest.raises(ValueError):
@@ -210,9 +211,9 @@ def test_binsgdm_moments_and_votes_match_the_reference(n, first):
     """One pass of ``votes.moments_votes`` = update_moments + direction + binarise (the votes
     drawn from the counter stream at the fused position), and the total of the new v, bit for
     bit, at an offset, with any size of the probabilities' block buffer."""
-    from hvdcomp.algorithms import binsgdm as bs
-    from hvdcomp.backend import stochastic
-    from hvdcomp.kernels import votes as kv
+    from hvdcomp.methods.binsgdm import math as bs
+    from hvdcomp.methods.binsgdm import stochastic
+    from hvdcomp.methods.binsgdm import kernels as kv
     g, _ = _vectors(n, np.float32, 5)
     state = None if first else (g[::-1].copy() * 0.5, np.abs(g) + np.float32(0.1))
     b1, b2, eps, key, off = 0.9, 0.99, 1e-8, (3, 4, 1, bs.VOTE), 17
@@ -236,8 +237,8 @@ def test_binsgdm_moments_and_votes_match_the_reference(n, first):
 def test_binsgdm_moments_and_direction_match_the_reference(n, first):
     """``votes.moments_direction`` (BinSGDM's step aside) = update_moments + direction, and the
     total of the new v, bit for bit."""
-    from hvdcomp.algorithms import binsgdm as bs
-    from hvdcomp.kernels import votes as kv
+    from hvdcomp.methods.binsgdm import math as bs
+    from hvdcomp.methods.binsgdm import kernels as kv
     g, _ = _vectors(n, np.float32, 6)
     state = None if first else (g[::-1].copy() * 0.5, np.abs(g) + np.float32(0.1))
     b1, b2, eps = 0.5, 0.99, 1e-8
@@ -252,9 +253,9 @@ def test_binsgdm_moments_and_direction_match_the_reference(n, first):
 
 @pytest.mark.parametrize("node_size,nodes", [(1, 2), (2, 2), (3, 4)])
 def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes):
-    from hvdcomp.algorithms import binsgdm as bs
-    from hvdcomp.backend import stochastic
-    from hvdcomp.kernels import votes as kv
+    from hvdcomp.methods.binsgdm import math as bs
+    from hvdcomp.methods.binsgdm import stochastic
+    from hvdcomp.methods.binsgdm import kernels as kv
     n, key = 10_007, (1, 2, 0, bs.REBINARISE)
     rng = np.random.default_rng(node_size)
     node_sum = (2 * rng.binomial(node_size, 0.6, n) - node_size).astype(np.int8)
@@ -284,8 +285,8 @@ def test_binsgdm_rebinarise_totals_and_mean_match_the_reference(node_size, nodes
 def test_sketch_and_unsketch_match_the_reference(n, cols, rows):
     """``kernels.sketch``: the one-pass table is the reference's bit for bit; ``unsketch``:
     every position's median estimate, the reference's values."""
-    from hvdcomp.backend import sketch as cs
-    from hvdcomp.kernels import sketch as ks
+    from hvdcomp.methods.sketchfusion import sketch as cs
+    from hvdcomp.methods.sketchfusion import kernels as ks
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     h = cs.hashes(n, rows, cols, seed=4)
     table = cs.sketch(x, h)
@@ -342,4 +343,4 @@ def test_a_job_that_passes_every_gradient_never_loads_numba():
         assert r["marsit-pass"] == {"identical": 20, "skipped": 0, "numba": False,
                                     "loaded": []}, r
         assert r["marsit-compress"] == {"identical": 4, "skipped": 0, "numba": True,
-                                        "loaded": ["finite", "signs"]}, r
+                                        "loaded": ["finite", SIGNS]}, r

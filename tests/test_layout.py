@@ -1,6 +1,8 @@
 """The code layout the project keeps (docs/how-it-works.md, docs/extending.md): no class in
-hvdcomp/ over 250 lines, no function over 60, and every public method module implements the
-method interface."""
+hvdcomp/ over 250 lines, no function over 60; every public method is a folder of
+hvdcomp/methods/ that implements the method contract and imports nothing above it; no import
+cycle between hvdcomp's modules (function-local imports included); the registry imports nothing
+of the tests or the benchmarks."""
 import ast
 import pathlib
 
@@ -23,10 +25,10 @@ def test_no_class_over_250_lines_and_no_function_over_60():
 
 
 def test_every_public_method_implements_the_contract_and_knows_nothing_of_horovod():
-    """Each public compressor runs a ``hvdcomp.method.Method`` subclass that provides the
+    """Each public compressor runs a ``hvdcomp.methods.contract.Method`` subclass that provides the
     contract's hooks, and no method module imports the facade, the engine or Horovod."""
     from hvdcomp.facade import BatchedCompressor
-    from hvdcomp.method import Method
+    from hvdcomp.methods.contract import Method
     methods = [getattr(hvdcomp, n) for n in hvdcomp.__all__
                if isinstance(getattr(hvdcomp, n), type)
                and issubclass(getattr(hvdcomp, n), BatchedCompressor)
@@ -37,14 +39,70 @@ def test_every_public_method_implements_the_contract_and_knows_nothing_of_horovo
         for hook in ("prepare", "reduce"):
             assert getattr(cls.Method, hook) is not getattr(Method, hook), (cls, hook)
         assert isinstance(cls.method, str) and cls.method == cls.Method.name != "base"
-        module = pathlib.Path(__import__(cls.Method.__module__, fromlist=["_"]).__file__)
-        imported = set()
-        for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-            elif isinstance(node, ast.Import):
-                imported |= {a.name for a in node.names}
-        upward = sorted(m for m in imported if m and (
-            m.split(".")[0] == "horovod" or m.startswith(("hvdcomp.facade", "hvdcomp.engine",
-                                                          "hvdcomp.frontends", "hvdcomp.registry"))))
-        assert not upward, (module.name, upward)
+        assert cls.Method.__module__.startswith("hvdcomp.methods."), cls.Method.__module__
+
+
+# What a method, or the sign message that methods share, may not import: Horovod, the
+# frameworks' front ends, the facade, the engine and what drives it, the registry.
+ABOVE_A_METHOD = ("horovod", "hvdcomp.facade", "hvdcomp.engine", "hvdcomp.frontends",
+                  "hvdcomp.registry", "hvdcomp.ddp", "hvdcomp.decision", "hvdcomp.bucketing",
+                  "hvdcomp.hierarchical")
+
+
+def _module_name(path):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path):
+    """Every module ``path`` imports, at the top or inside a function: ``from a import b``
+    counts as ``a.b`` where that is one of hvdcomp's modules, else as ``a``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_no_method_module_imports_anything_above_it():
+    methods = [p for name, p in MODULES.items()
+               if name.startswith(("hvdcomp.methods", "hvdcomp.signs"))]
+    assert len(methods) >= 20
+    upward = {f"{_module_name(p)} imports {m}" for p in methods for m in _imports(p)
+              if m == "horovod" or m.startswith(tuple(f"{a}." for a in ABOVE_A_METHOD))
+              or m in ABOVE_A_METHOD}
+    assert not upward, sorted(upward)
+
+
+def test_no_import_cycle_between_hvdcomps_modules():
+    graph = {name: {m for m in _imports(p) if m in MODULES and m != name}
+             for name, p in MODULES.items()}
+    done, path, cycles = set(), [], []
+
+    def visit(name):
+        if name in path:
+            cycles.append(path[path.index(name):] + [name])
+            return
+        if name in done:
+            return
+        path.append(name)
+        for other in sorted(graph[name]):
+            visit(other)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+    assert not cycles, [" -> ".join(c) for c in cycles]
+
+
+def test_the_registry_imports_nothing_of_the_tests_or_the_benchmarks():
+    imported = _imports(MODULES["hvdcomp.registry"])
+    assert not {m for m in imported if m.split(".")[0] in ("tests", "benchmarks", "conftest")}

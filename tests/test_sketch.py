@@ -8,8 +8,8 @@ import torch
 
 import hvdcomp
 from hvdcomp import fusion
-from hvdcomp.algorithms import sketch as alg
-from hvdcomp.backend import sketch as cs
+from hvdcomp.methods.sketchfusion import math as alg
+from hvdcomp.methods.sketchfusion import sketch as cs
 from mpirun import results, run
 
 
@@ -235,7 +235,7 @@ def test_three_ranks_identical_and_match_reference():
 @pytest.mark.parametrize("rows", range(1, 12))
 def test_median_rows_matches_numpy_median(rows):
     """The min/max network used by unsketch gives np.median's values bit for bit (ties too)."""
-    from hvdcomp.backend.sketch import median_rows
+    from hvdcomp.methods.sketchfusion.sketch import median_rows
     rng = np.random.default_rng(rows)
     for dtype in (np.float32, np.float64):
         est = rng.standard_normal((rows, 1001)).astype(dtype)

@@ -3,7 +3,9 @@ there yet or is misconfigured. (No MPI needed: nothing here communicates.)"""
 import pytest
 import torch
 
+import expect
 import hvdcomp
+import recipes  # examples/recipes.py (on the path through tests/expect.py)
 from hvdcomp import registry
 
 
@@ -15,29 +17,42 @@ def test_public_names_import():
 
 
 @pytest.mark.parametrize("name", list(registry.PRESETS))
-def test_every_registry_preset_builds_with_its_rates(name):
+def test_every_registry_preset_builds_and_has_the_examples_rates(name):
     """Each preset builds a configured instance of its class (overrides win) and has the
-    examples' learning rates; every method's base preset is the class with its defaults."""
+    examples' learning rates (examples/recipes.py); every method's base preset is the class with
+    its defaults and has the tests' rates and expectations (tests/expect.py)."""
     preset = registry.PRESETS[name]
     comp = registry.build(name)
     assert type(comp) is preset.cls and comp is not registry.build(name)
     assert registry.build(name, seed=7).seed == 7
     for task in ("digits", "charlm"):
-        lr, momentum = registry.lr_momentum(name, task)
+        lr, momentum = recipes.lr_momentum(name, task)
         assert lr > 0 and 0 <= momentum < 1
-    assert registry.rates(name, "tf-digits", fallback="digits").lr > 0
+    assert recipes.rates(name, "tf-digits", fallback="digits").lr > 0
     if name == registry.base_preset(preset.cls.__name__):
         assert not preset.kwargs and registry.METHODS[preset.cls.__name__] is preset.cls
+        assert preset.cls.__name__ in expect.EXPECT
+        for task in expect.TASKS:
+            assert expect.rates(name, task).lr > 0
 
 
-def test_registry_rejects_unknown_names_and_tasks():
+def test_the_rates_tables_name_only_presets_and_horovods_baselines():
+    known = {"none", "fp16", *registry.PRESETS}
+    assert set(recipes.RATES) == known and set(expect.RATES) <= known
+    assert set(recipes.NOT_BENCHMARKED) <= set(registry.PRESETS)
+    assert set(expect.EXPECT) == set(registry.METHODS)
+
+
+def test_registry_and_rates_reject_unknown_names_and_tasks():
     with pytest.raises(KeyError):
         registry.build("nonesuch")
     with pytest.raises(KeyError, match="no 'charlm-typo' learning rate"):
-        registry.rates("marsit", "charlm-typo")
-    assert registry.lr_momentum("none", "digits") == (0.05, 0.9)  # Horovod's baselines too
-    with pytest.raises(ValueError, match="unknown task"):
-        registry.Preset(hvdcomp.Marsit, rates={"digitz": registry.Rates(0.1)})
+        recipes.rates("marsit", "charlm-typo")
+    assert recipes.lr_momentum("none", "digits") == (0.05, 0.9)  # Horovod's baselines too
+    with pytest.raises(KeyError, match="no 'tf-test' learning rate"):
+        expect.rates("marsit-global", "tf-test")
+    assert expect.rates("marsit-global", "tf-test", fallback="digits") == recipes.rates(
+        "marsit-global", "digits")
 
 
 def test_bare_class_uses_one_default_instance_per_class():

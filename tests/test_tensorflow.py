@@ -4,18 +4,19 @@ some steps), and Keras model.fit; variables bit-identical across ranks after eve
 step's gradients reduced by hvdcomp as one batch (one hvdcomp step per training step)."""
 import pytest
 
+import expect
 from hvdcomp import registry
 from mpirun import results, run, shared
 
 # Every method of hvdcomp/registry.py, by its base preset (lower-case name).
 METHODS = {registry.base_preset(m): m for m in registry.METHODS}
-# Variables whose state is kept: the compressed ones (methods with registry.EXPECT.small_exact,
+# Variables whose state is kept: the compressed ones (methods with expect.EXPECT.small_exact,
 # e.g. Marsit, skip tensors under 1024 elements), or every one (BinSGDM binarises every tensor).
 # 'kernel:0' is a standalone layer's variable.
 COMPRESSED = ["dense/kernel:0", "kernel:0"]
 EVERY = ["bias:0", "dense/bias:0", "dense/kernel:0", "dense_1/bias:0", "dense_1/kernel:0",
          "kernel:0"]
-KEYS = {name: registry.EXPECT[m].state_keys(COMPRESSED if registry.EXPECT[m].small_exact
+KEYS = {name: expect.EXPECT[m].state_keys(COMPRESSED if expect.EXPECT[m].small_exact
                                              else EVERY)
         for name, m in METHODS.items()}
 

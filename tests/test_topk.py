@@ -9,7 +9,7 @@ import torch
 
 import hvdcomp
 import hvdcomp.backend.topk as sel
-from hvdcomp.algorithms import topk as alg
+from hvdcomp.methods.topk import math as alg
 from hvdcomp.comm.tree import tree_schedule
 from mpirun import results, run
 
@@ -121,7 +121,7 @@ def test_exact_with_threshold_cut_selects_the_same_magnitudes(kind, n, k):
         assert np.array_equal(np.sort(np.abs(val)), want)
 
 
-# -- the merge rule (hvdcomp.algorithms.topk) ---------------------------------------------------
+# -- the merge rule (hvdcomp.methods.topk.math) ---------------------------------------------------
 def _brute(sets, bounds, ks):
     total = {}
     for i, v in sets:
@@ -186,7 +186,7 @@ def test_tree_schedule_any_size(size):
 
 # -- construction ---------------------------------------------------------------------------
 def test_public_and_configurable():
-    assert hvdcomp.TopK.Method.__module__ == "hvdcomp.topk"  # the method; its facade: hvdcomp
+    assert hvdcomp.TopK.Method.__module__ == "hvdcomp.methods.topk.method"  # the method; its facade: hvdcomp
     assert hvdcomp.TopK.__module__ == "hvdcomp" and hvdcomp.TopK.method == "TopK"
     t = hvdcomp.TopK()
     assert (t.ratio, t.k, t.bidirectional) == (0.01, None, True)

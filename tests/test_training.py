@@ -3,6 +3,7 @@ training reaches the uncompressed result within a stated tolerance with bit-iden
 every step, and a checkpoint resumes bit for bit."""
 import pytest
 
+import expect
 from hvdcomp import registry
 from mpirun import results, run, shared
 
@@ -13,13 +14,13 @@ TOLERANCE_ACC, TOLERANCE_LOSS = 0.05, 0.25  # accuracy points and absolute test 
 
 # Every method of hvdcomp/registry.py, by its base preset or a test-local stand-in
 # (tests/variants.py; '-bare': the class itself, i.e. its default instance), with the byte
-# saving its registry.EXPECT states; methods with EXPECT.min_ratio None are trained by their own
+# saving its expect.EXPECT states; methods with EXPECT.min_ratio None are trained by their own
 # test (BinSGDM: tests/test_binsgdm.py, on 2 x 2 nodes). Extra variants after them.
 STAND_INS = {"TopK": "topk-bare", "SketchFusion": "sketchfusion-bare"}
 # (The variant "sketchfusion-narrow", ratio 0.02 with 3 x 4k, was trained here too while the
 # default sketch was 5 x 10k; the default is now the narrower one.)
-TRAINING = [(STAND_INS.get(m, registry.base_preset(m)), registry.EXPECT[m].min_ratio)
-            for m in registry.METHODS if registry.EXPECT[m].min_ratio is not None]
+TRAINING = [(STAND_INS.get(m, registry.base_preset(m)), expect.EXPECT[m].min_ratio)
+            for m in registry.METHODS if expect.EXPECT[m].min_ratio is not None]
 # The resume test: every method in both state forms, unless a stand-in is named here.
 RESUME_STAND_INS = {"BinSGDM": [("binsgdm", "gathered")],
                     "SketchFusion": [("sketchfusion-narrow", "rank"),
@@ -52,7 +53,7 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
     assert r["acc"] >= uncompressed["acc"] - TOLERANCE_ACC
     assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
     # state of the compressed tensors only, unless the method compresses every tensor
-    expect = registry.EXPECT[method_of(name)]
+    expect = expect.EXPECT[method_of(name)]
     assert r["memory_keys"] == expect.state_keys(LARGE if expect.small_exact else EVERY)
     assert r["stats"]["compressed_elements"] > 0.99 * r["stats"]["elements"]
     assert min(x["stats"]["ratio"] for x in res.values()) > min_ratio

@@ -174,7 +174,7 @@ def test_the_users_adamw_is_kept_and_driven_by_the_synchronised_momentum(adamw, 
 @pytest.mark.timeout(300)
 def test_efsignsgd_under_adamw_averages_the_signs_at_one_scale_over_six_ranks():
     """Six ranks, where EF-signSGD's vote totals travel along a ring in log N bits per element
-    (``hvdcomp.comm.votes.vote_counts``) instead of every rank's bits to every rank: the mean
+    (``hvdcomp.methods.efsignsgd.votes.vote_counts``) instead of every rank's bits to every rank: the mean
     of the signs at the ranks' mean scale has at most 4 magnitudes (0, 1/3, 2/3 and 1 of it;
     each rank's own scale would give up to 2^6), ranks stay bit-identical, it trains, and a
     resume is bit-identical."""

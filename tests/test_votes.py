@@ -1,10 +1,10 @@
-"""``hvdcomp.comm.votes``: an exact majority vote of sign bits along a ring (EF-signSGD's
+"""``hvdcomp.methods.efsignsgd.votes``: an exact majority vote of sign bits along a ring (EF-signSGD's
 exchange from 3 ranks on), and the vote totals themselves (its mean of signs under Adam), as
 pure functions and on real Open MPI ranks."""
 import numpy as np
 import pytest
 
-from hvdcomp.comm.votes import add_votes, count_bits, counts_pay, outcome, ring_bits, ring_pays
+from hvdcomp.methods.efsignsgd.votes import add_votes, count_bits, counts_pay, outcome, ring_bits, ring_pays
 from mpirun import results, run
 
 

@@ -1,12 +1,13 @@
 """The tests' named hvdcomp compressions: every preset of hvdcomp/registry.py under its own name,
 and test-local variants of them (a preset with test-specific arguments such as a seed, or its
 class passed bare, i.e. its default instance). A variant's learning rates are its preset's
-(``registry.rates(preset, task)``). Horovod's own 'none' and 'fp16' are built by the rank
-scripts (tests/mpi/torch_common.py); their rates are ``registry.BASELINES``.
+(``expect.rates(preset, task)``: tests/expect.py). Horovod's own 'none' and 'fp16' are built by
+the rank scripts (tests/mpi/torch_common.py).
 
 No MPI and no Horovod here: imported by the test modules (tests/conftest.py) and by the rank
 scripts alike.
 """
+import expect
 from hvdcomp import AdamSettings, registry
 
 BARE = None  # in place of the overrides: the preset's class itself, passed bare
@@ -68,14 +69,14 @@ def compressor_object(compression):
 
 def rates(name, task):
     """``(lr, momentum)`` of test name ``name`` (or of Horovod's 'none'/'fp16') for ``task``."""
-    return registry.lr_momentum(preset_of(name), task)
+    return expect.lr_momentum(preset_of(name), task)
 
 
 def settings_for(task):
     """``{test name: (lr, momentum)}`` of every name with rates for ``task``: Horovod's
     baselines, the registry's presets and the variants."""
     out = {}
-    for name in list(registry.BASELINES) + list(registry.PRESETS) + list(VARIANTS):
+    for name in ["none", "fp16", *registry.PRESETS, *VARIANTS]:
         try:
             out[name] = rates(name, task)
         except KeyError:

@@ -23,7 +23,7 @@ thread while the backward pass runs; errors keep whole-step semantics. Graph fro
 (TensorFlow) call ``reduce_batch_now`` once per step instead, with the step's gradients as one
 batch through the same driver (``hvdcomp.frontends.tensorflow``).
 
-A method (``hvdcomp.method.Method``) knows none of this: ``compressor_class(Method)`` makes its
+A method (``hvdcomp.methods.contract.Method``) knows none of this: ``compressor_class(Method)`` makes its
 Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
 ones, runs the method through a runtime per process set (``hvdcomp.facade.runtime``: its
 state, decision, step engine and driver), and reads the method's settings through
@@ -124,7 +124,7 @@ class BatchedCompressor:
     preconditioner = property(lambda self: self._current().preconditioner,
                               doc="The runtime's preconditioner (``hvdcomp.preconditioning``).")
 
-    # -- the method (hvdcomp.method.Method) --------------------------------------------------
+    # -- the method (hvdcomp.methods.contract.Method) --------------------------------------------------
     def settings(self):
         """The method's own settings in use (``Method.settings``)."""
         return self._current().algorithm.settings()

@@ -8,7 +8,7 @@ No Horovod call stands above a direct ``compress()``, so a host array is named e
 import numpy as np
 
 from hvdcomp.backend import xp
-from hvdcomp.frontends import Identity
+from hvdcomp.frontends.identity import Identity
 from hvdcomp.frontends.naming import unnamed
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)

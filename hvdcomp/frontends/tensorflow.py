@@ -41,7 +41,7 @@ import tensorflow as tf
 from hvdcomp import checks, loss_scale, preconditioning
 from hvdcomp.engine import SUMMED, HorovodSum
 from hvdcomp.errors import UnsupportedTensorError
-from hvdcomp.frontends import Identity
+from hvdcomp.frontends.identity import Identity
 from hvdcomp.frontends import numpy as np_adapter
 from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
 

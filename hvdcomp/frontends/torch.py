@@ -14,7 +14,7 @@ import torch
 
 from hvdcomp import checks, comm, kernels, loss_scale
 from hvdcomp.backend import xp
-from hvdcomp.frontends import Identity
+from hvdcomp.frontends.identity import Identity
 from hvdcomp.frontends.naming import Caller, code_of, find, group_member, position, unnamed
 
 loss_scale.watch_grad_scalers(scan=True)  # AMP's GradScaler: each step's loss scale

@@ -1,19 +1,20 @@
-"""Fused, compiled CPU kernels (numba) for the hot paths of Marsit / EF-signSGD, TopK, BinSGDM
-and SketchFusion.
+"""Fused, compiled CPU kernels (numba): when they load, the switch between them and the NumPy
+reference path, and the kernels several methods share (``topk``, ``simd``, ``finite``); a method's
+own kernels live in its folder (``hvdcomp.methods.<name>.kernels``), named by their module path.
 
 What is fused (each kernel reads and writes every full-size array once; contracts in the
 modules' docstrings):
-- ``hvdcomp.kernels.signs.encode``: compensation ``p = g + e``, the l1 sum ``sum |p|`` and the
+- ``hvdcomp.signs.kernels.encode``: compensation ``p = g + e``, the l1 sum ``sum |p|`` and the
   packed sign bits (``hvdcomp.backend.bits`` layout), one pass (Marsit and EF-signSGD);
-- ``hvdcomp.kernels.signs.marsit_decode``: unpacking the merged bits, the step ``delta * b`` and
-  Marsit's memory update, one pass; ``hvdcomp.kernels.signs.vote_decode``: the same for
+- ``hvdcomp.signs.kernels.marsit_decode``: unpacking the merged bits, the step ``delta * b`` and
+  Marsit's memory update, one pass; ``hvdcomp.signs.kernels.vote_decode``: the same for
   EF-signSGD (majority vote of all ranks' bits, step, own error);
 - ``hvdcomp.kernels.topk.SumSource``: TopK's compensation ``a = g + e`` fused with the
   threshold scan of the selection (``hvdcomp.backend.topk``), one pass;
-- ``hvdcomp.kernels.votes``: BinSGDM's moments, direction and stochastic vote (its uniforms
+- ``hvdcomp.methods.binsgdm.kernels``: BinSGDM's moments, direction and stochastic vote (its uniforms
   computed inline), one pass; the re-binarisation packed as drawn; the nodes' totals from their
   bits; the mean vote;
-- ``hvdcomp.kernels.sketch``: SketchFusion's table, every row filled in one pass over the
+- ``hvdcomp.methods.sketchfusion.kernels``: SketchFusion's table, every row filled in one pass over the
   input; the estimate of every position, the median over the sketch's rows taken as it is read,
   one pass;
 - ``hvdcomp.kernels.finite``: whether a small float32/float64 host buffer is finite, read in place
@@ -31,7 +32,7 @@ reach the methods as NumPy views). Torch tensors on a device keep the ``hvdcomp.
 Every kernel gives the same bits as the NumPy reference path it replaces: the same packed
 bytes, the same selected indices and values, and memories and steps equal bit for bit (the same
 float operations in the same order; the l1 sum reproduces NumPy's own summation order, see
-``hvdcomp.kernels.signs``). So ranks running either path stay bit-identical, and a resume
+``hvdcomp.signs.kernels``). So ranks running either path stay bit-identical, and a resume
 replays the same numbers.
 
 The switch: environment variable ``HVDCOMP_KERNELS`` (read at every call):
@@ -102,7 +103,8 @@ _WARMED = set()
 
 def warm(module):
     """Load now, from numba's disk cache (or compile, when it is empty), every specialisation of
-    the kernels of ``module`` ('signs', 'topk', 'votes', 'sketch' or 'finite') that a float32
+    the kernels of ``module`` (a kernels module's dotted path, such as
+    ``'hvdcomp.signs.kernels'``, or the name of one in this package: 'topk', 'finite') that a float32
     training uses (the first step, without memory, and the later ones, with it), so that the
     steps that use them do not pay for it. Called by the step engine for the kernels of its
     method (``Method.kernel_modules``) and 'finite' (``hvdcomp.engine.KernelLoading``: where
@@ -111,7 +113,8 @@ def warm(module):
     ``active`` serves a module's kernels from then on."""
     if module in _WARMED or not (mode() == "numba" or (module in ALWAYS and installed())):
         return
-    importlib.import_module(f"hvdcomp.kernels.{module}").warm(np.float32)
+    path = module if "." in module else f"{__name__}.{module}"
+    importlib.import_module(path).warm(np.float32)
     _WARMED.add(module)
 
 

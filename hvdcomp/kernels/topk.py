@@ -11,7 +11,7 @@ Arrays: ``g``, ``e``, ``out`` 1-D, C-contiguous, one float dtype (float32/float6
 ``e`` and ``out`` None on the first step, or for a vector that is complete (SketchFusion's
 estimates): then x is ``g`` itself and every scan is the 8-lane threshold scan alone.
 
-``sum_pair(a, b)`` and ``won(sent, winners)`` are ``hvdcomp.algorithms.topk.sum_sets([a, b])``
+``sum_pair(a, b)`` and ``won(sent, winners)`` are ``hvdcomp.methods.topk.math.sum_sets([a, b])``
 and ``won`` for ascending index sets, by one linear two-pointer pass instead of a sort and a
 binary search per element: the same indices, and the same values bit for bit (equal indices are
 summed as ``a + b``, as the reference's ``np.add.reduceat`` of its stable sort does).

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.append(os.path.join(HERE, ".."))
 from digits import load_digits  # noqa: E402
+import expect  # noqa: E402  (tests/expect.py)
 
 import hvdcomp  # noqa: E402
 import hvdcomp.ddp  # noqa: E402
@@ -34,7 +36,7 @@ def data():
 
 def model_and_optimizer(optimizer, method):
     """The MLP in DDP, and AdamW (lr 3e-3) or SGD at the method's rates of the Horovod tests
-    (hvdcomp's registry: "digits-test", else "digits")."""
+    (tests/expect.py: "digits-test", else the example's "digits")."""
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
@@ -47,8 +49,7 @@ def model_and_optimizer(optimizer, method):
 def rates(method):
     """(lr, momentum) of ``method`` for the tests' digits runs."""
     method = method.partition("#")[0]
-    return hvdcomp.registry.lr_momentum(method, "digits-test",
-                                        hvdcomp.registry.rates(method, "digits"))
+    return expect.lr_momentum(method, "digits-test", fallback="digits")
 
 
 def batch(x, y, step, rank, size=32):

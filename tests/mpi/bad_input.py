@@ -21,6 +21,7 @@ import hvdcomp
 from hvdcomp import registry
 from report import report
 from torch_common import identical_across_ranks, make_model
+import expect  # noqa: E402  (tests/expect.py)
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -28,7 +29,7 @@ last = size - 1
 # Every method of hvdcomp/registry.py, sized for these tensors (EXPECT.test_kwargs); the NaN/Inf
 # cases rely on on_nonfinite='raise', so it is passed explicitly.
 METHODS = {m: (lambda cls=cls, m=m: cls(seed=1, on_nonfinite="raise",
-                                        **registry.EXPECT[m].test_kwargs))
+                                        **expect.EXPECT[m].test_kwargs))
            for m, cls in registry.METHODS.items()}
 out = {}
 
@@ -109,7 +110,7 @@ for m, make in METHODS.items():
             hvdcomp.NonFiniteGradientError)
     # the default on_nonfinite='propagate': NaN out on every rank (as Horovod's allreduce), the
     # state left as it was
-    comp = registry.METHODS[m](seed=1, **registry.EXPECT[m].test_kwargs)
+    comp = registry.METHODS[m](seed=1, **expect.EXPECT[m].test_kwargs)
     hvd.allreduce(torch.linspace(-1, 1, 3000) * (rank + 1), name=f"{m}.prop", compression=comp)
     before = comp.state_dict()["state"]
     g = torch.ones(3000)

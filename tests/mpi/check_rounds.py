@@ -22,6 +22,7 @@ from hvdcomp.comm import get_context, ring_allreduce
 from hvdcomp.comm.context import CommContext
 from report import report
 from torch_common import identical_across_ranks
+import expect  # noqa: E402  (tests/expect.py)
 
 STEPS = 4
 hvd.init()
@@ -43,7 +44,7 @@ out = {}
 for m, cls in registry.METHODS.items():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    comp = cls(seed=1, decision="compress", on_nonfinite="skip", **registry.EXPECT[m].test_kwargs)
+    comp = cls(seed=1, decision="compress", on_nonfinite="skip", **expect.EXPECT[m].test_kwargs)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                    named_parameters=[(f"{m}.{n}", p)
                                                      for n, p in model.named_parameters()],

@@ -364,7 +364,7 @@ def aside(name, lr):
     (lr ``lr``, no momentum) or, with name 'adamw', AdamW. Steps ``ASIDE_COMPRESSED`` are
     voted (the threshold set by hand), the others passed; at step ``ASIDE_NAN`` rank 1's loss is
     NaN (the step is synchronized and not applied). Every rank keeps a float64 twin of its own
-    moments from its own gradients (``hvdcomp.algorithms.binsgdm.update_moments``) and reports,
+    moments from its own gradients (``hvdcomp.methods.binsgdm.math.update_moments``) and reports,
     per step: the largest gap between BinSGDM's moments and the twin's (relative), for a passed
     step the largest gap between the applied step (SGD: ``p.grad``; AdamW: Adam's first moment
     after the step, which ``ThroughAdam`` makes the step) and the mean over ranks of the twins'
@@ -374,7 +374,7 @@ def aside(name, lr):
     layer the model never uses (its gradient Horovod's zero fill), whether BinSGDM holds state
     for it and how far it moved."""
     import hvdcomp
-    from hvdcomp.algorithms import binsgdm as alg
+    from hvdcomp.methods.binsgdm import math as alg
     comp = hvdcomp.BinSGDM(decision="compress")
     torch.manual_seed(0)
     model = WithUnused(make_model())

@@ -95,7 +95,7 @@ def failing(batch, scalars):
     return reduce_bucket(batch, scalars)
 
 
-method.reduce = failing  # the method's reduction (hvdcomp.method)
+method.reduce = failing  # the method's reduction (hvdcomp.methods.contract)
 try:
     run_steps(model, opt, 3, 4)
     out["worker_error"] = None

@@ -10,11 +10,11 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from hvdcomp.algorithms import binsgdm as alg
-from hvdcomp.algorithms.marsit import MarsitMerge
+from hvdcomp.methods.binsgdm import math as alg
+from hvdcomp.signs.merge import MarsitMerge
 from hvdcomp.backend import pack_signs, unpack_signs
 from hvdcomp.backend.bits import packed_nbytes
-from hvdcomp.binsgdm import ReferencePath, pack_votes
+from hvdcomp.methods.binsgdm.method import ReferencePath, pack_votes
 from hvdcomp.comm import get_context
 from hvdcomp.comm.hierarchy import Hierarchy, HierarchyError, small_int_dtype
 from report import report

@@ -1,7 +1,7 @@
 """Rank script (one rank, NumPy, no Horovod): checkpoints written in format 1 (hvdcomp before the
 format-2 layout; tests/data/checkpoint_format1.pkl, made by tests/data/make_format1.py) load into
 today's compressors, which then take the next step exactly as the old release did. BinSGDM's
-votes are drawn from another random stream since (hvdcomp.backend.stochastic: a counter hash
+votes are drawn from another random stream since (hvdcomp.methods.binsgdm.stochastic: a counter hash
 where the old release used PCG64), so its next step is checked against the reference math on the
 loaded moments with today's stream (``binsgdm_expected``)."""
 import os
@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 
 import hvdcomp
-from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.methods.binsgdm import math as alg
 from hvdcomp.frontends.numpy import named
 from report import report
 

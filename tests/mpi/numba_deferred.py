@@ -37,7 +37,9 @@ def run(compression, steps, nan_step=None):
         identical += identical_across_ranks(model)
     return {"identical": identical, "skipped": compression.state_dict()["skipped"],
             "numba": "numba" in sys.modules,
-            "loaded": [m for m in ("finite", "signs", "topk", "votes", "sketch")
+            "loaded": [m for m in ("finite", "topk", "hvdcomp.signs.kernels",
+                                       "hvdcomp.methods.binsgdm.kernels",
+                                       "hvdcomp.methods.sketchfusion.kernels")
                        if kernels.ready(m)]}
 
 

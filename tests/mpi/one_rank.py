@@ -1,7 +1,7 @@
 """Rank script for a world of one rank (run with HOROVOD_ELASTIC=1, so that Horovod's torch
 DistributedOptimizer calls the compressor at size 1). Per method: a direct hvd.allreduce sends
 no bytes and gives the method's one-rank result (TopK ratio 1 and SketchFusion ratio 1: the
-gradient itself; Marsit: mean|g| * sign(g); BinSGDM: sign(g): registry.EXPECT's one_rank, built
+gradient itself; Marsit: mean|g| * sign(g); BinSGDM: sign(g): expect.EXPECT's one_rank, built
 with its one_rank_kwargs), and a few optimizer steps go through the compressor. Every method of
 hvdcomp/registry.py."""
 import torch
@@ -10,13 +10,14 @@ import horovod.torch as hvd
 from hvdcomp import registry
 from report import report
 from torch_common import batch, load_digits_split, make_model
+import expect  # noqa: E402  (tests/expect.py)
 
 hvd.init()
 (xtr, ytr), _ = load_digits_split(0)
 g = torch.randn(3000, generator=torch.Generator().manual_seed(0))
 RESULTS = {"identity": g, "sign": g.sign(), "scaled-sign": g.abs().mean() * g.sign()}
-expected = {m: RESULTS[e.one_rank] for m, e in registry.EXPECT.items()}
-METHODS = {m: (lambda cls=cls, m=m: cls(**registry.EXPECT[m].one_rank_kwargs))
+expected = {m: RESULTS[e.one_rank] for m, e in expect.EXPECT.items()}
+METHODS = {m: (lambda cls=cls, m=m: cls(**expect.EXPECT[m].one_rank_kwargs))
            for m, cls in registry.METHODS.items()}
 out = {"size": hvd.size()}
 for m, make in METHODS.items():

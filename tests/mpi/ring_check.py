@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-from hvdcomp.algorithms.marsit import MarsitMerge
+from hvdcomp.signs.merge import MarsitMerge
 from hvdcomp.backend import pack_signs, unpack_signs
 from hvdcomp.comm import context, get_context, mpi_allreduce, ring_allreduce
 from report import report

@@ -8,8 +8,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdcomp
-from hvdcomp.algorithms import sketch as alg
-from hvdcomp.backend import sketch as cs
+from hvdcomp.methods.sketchfusion import math as alg
+from hvdcomp.methods.sketchfusion import sketch as cs
 from hvdcomp.comm import get_context, ring_allreduce
 from report import report
 

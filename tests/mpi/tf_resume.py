@@ -18,6 +18,8 @@ import horovod.tensorflow as hvd  # noqa: E402
 
 import hvdcomp  # noqa: E402
 from hvdcomp import registry  # noqa: E402
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import expect  # noqa: E402  (tests/expect.py)
 from report import report  # noqa: E402
 
 # Test-local arguments on top of the registry preset (other presets: their defaults).
@@ -64,7 +66,7 @@ def digest(model):
 
 def resume_case(method):
     """The fields one method reports (see the module docstring)."""
-    lr, momentum = registry.lr_momentum(method, "tf-test")
+    lr, momentum = expect.lr_momentum(method, "tf-test")
     assert momentum == 0, "the TF tests run plain SGD"
 
     def make():

@@ -20,6 +20,8 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 from hvdcomp import registry  # noqa: E402
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import expect  # noqa: E402  (tests/expect.py)
 from report import cases, report  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
@@ -157,7 +159,7 @@ def keras_case(method, epochs, lr, out):
 
 for method, epochs in cases(sys.argv[1:], 2):
     epochs = int(epochs)
-    lr, momentum = registry.lr_momentum(method, "tf-test")
+    lr, momentum = expect.lr_momentum(method, "tf-test")
     assert momentum == 0, "the TF tests run plain SGD"
     tf.keras.backend.clear_session()  # layer names from 'dense' again
     out = {}

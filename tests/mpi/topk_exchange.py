@@ -1,4 +1,4 @@
-"""Rank script (NumPy only, no Horovod): the Top-K aggregate of ``hvdcomp.topk.exchange`` on both
+"""Rank script (NumPy only, no Horovod): the Top-K aggregate of ``hvdcomp.methods.topk.method.exchange`` on both
 paths, bidirectional and not, against a reference recomputed here from every rank's message
 (gathered with mpi4py) by an independent dict-based implementation of the documented rule:
 
@@ -21,7 +21,7 @@ from mpi4py import MPI
 from hvdcomp.comm import get_context
 from hvdcomp.comm import context as context_mod
 from hvdcomp.comm.tree import tree_schedule
-from hvdcomp.topk import exchange
+from hvdcomp.methods.topk.method import exchange
 from report import report
 
 ctx = get_context()

@@ -132,9 +132,9 @@ def train_scaled(name, mode):
 
 def compression_rates(name):
     """The tests' (lr, momentum) of ``name`` (the examples' where the tests have none)."""
-    from hvdcomp import registry
+    import expect
     import variants
-    return registry.lr_momentum(variants.preset_of(name), "digits-test", fallback="digits")
+    return expect.lr_momentum(variants.preset_of(name), "digits-test", fallback="digits")
 
 
 def case_scale():

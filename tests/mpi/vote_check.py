@@ -1,4 +1,4 @@
-"""Rank script: ``hvdcomp.comm.votes.vote_rows`` and ``vote_counts`` on real MPI ranks (mpi4py +
+"""Rank script: ``hvdcomp.methods.efsignsgd.votes.vote_rows`` and ``vote_counts`` on real MPI ranks (mpi4py +
 NumPy only). For several lengths (empty, shorter than the ranks, odd, large) and random votes,
 reports whether the two rows vote exactly as an all-gather of every rank's bits does (sum of
 their ±1 values == 2 sign(sum over ranks)) and the totals equal that sum, whether both are
@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from hvdcomp.backend import unpack_signs
 from hvdcomp.comm import get_context
-from hvdcomp.comm.votes import vote_counts, vote_rows
+from hvdcomp.methods.efsignsgd.votes import vote_counts, vote_rows
 from report import report
 
 ctx, world = get_context(), MPI.COMM_WORLD

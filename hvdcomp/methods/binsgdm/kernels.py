@@ -3,11 +3,11 @@ vote in one pass (the moments and the direction alone, for its step aside); the 
 re-binarisation packed as it is drawn; the nodes' vote totals from their packed bits; the mean
 vote.
 
-Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.algorithms.binsgdm`` bit
+Every kernel gives the numbers of the NumPy reference path of ``hvdcomp.methods.binsgdm.math`` bit
 for bit: the same float32 operations in the same order (no fused multiply-add; numba contracts
 nothing without fastmath), the same comparisons (``U < p`` in float32 for votes, in float64 for the
 re-binarisation; both as exact integer comparisons of the 24-bit draw), and the uniforms of
-``hvdcomp.backend.stochastic`` computed inline from the element's position (a counter hash: no
+``hvdcomp.methods.binsgdm.stochastic`` computed inline from the element's position (a counter hash: no
 generator state, no n-sized array of random numbers).
 
 Arrays: 1-D and C-contiguous; ``g``, ``m``, ``v`` and their outputs one float dtype (float32 or
@@ -17,9 +17,9 @@ Outputs go to the buffers the caller gives.
 import numba
 import numpy as np
 
-from hvdcomp.algorithms.binsgdm import LANES
+from hvdcomp.methods.binsgdm.math import LANES
 from hvdcomp.kernels import JIT_OPTIONS as _JIT
-from hvdcomp.kernels.signs import VOTE_BLOCK, count_bits
+from hvdcomp.signs.kernels import VOTE_BLOCK, count_bits
 
 _SCALE = np.float32(1 << 24)
 
@@ -80,7 +80,7 @@ def _moments_probabilities(g, m, v, b1, omb1, b2, omb2, eps, one, half, m_out, v
 @numba.njit(inline="always", **_JIT)
 def _add_to_lanes(x, start, lanes):
     """Adds ``x[j]`` (in float64) to ``lanes[(start + j) % LANES]``, in order: the lanes of
-    ``hvdcomp.algorithms.binsgdm.total`` for a slice of an array that starts at element
+    ``hvdcomp.methods.binsgdm.math.total`` for a slice of an array that starts at element
     ``start``. The whole groups of ``LANES`` go in a loop LLVM vectorises."""
     n = x.shape[0]
     head = min((LANES - start % LANES) % LANES, n)
@@ -108,7 +108,7 @@ def moments_votes(g, m, v, b1, omb1, b2, omb2, eps, w0, w1, offset, m_out, v_out
     """BinSGDM's encode of one tensor: ``m_out, v_out`` = the new moments (``m``, ``v`` None:
     the first step, ``g`` and ``|g|``), ``u = clip(m / (v + eps), -1, 1)``, ``p = (u + 1) / 2``
     and ``votes[offset + i] = +1 if U[offset + i] < p[i] else -1``; returns the sum of the new
-    ``v`` (``hvdcomp.algorithms.binsgdm.total``; ``lanes``: a float64 work buffer of
+    ``v`` (``hvdcomp.methods.binsgdm.math.total``; ``lanes``: a float64 work buffer of
     ``LANES``). ``p`` is a work buffer of any length >= 1: the elements go in blocks of
     ``len(p)``, each in two loops (the moments and probabilities, then the draws), each of which
     LLVM vectorises (as one loop neither is: 2x slower); a block's probabilities (and new ``v``,

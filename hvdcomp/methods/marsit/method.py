@@ -1,5 +1,5 @@
 """``hvdcomp.Marsit``: 1 bit per element on every hop of a ring all-reduce, with error
-compensation (algorithm in ``hvdcomp.algorithms.marsit``).
+compensation (algorithm in ``hvdcomp.signs.merge``).
 
 Per flush, the packed sign bits of all large gradients are fused into one byte buffer (each
 tensor starts on a byte boundary, so no float copy of the gradients is made), and one ring
@@ -13,19 +13,21 @@ rank's own message as values; not state). Host (NumPy/CPU) tensors run the fused
 selects the reference path).
 """
 
-from hvdcomp import feedback, signmsg, validate
-from hvdcomp.algorithms import marsit as alg
+from hvdcomp import feedback, validate
+from hvdcomp.signs import message as signmsg
+from hvdcomp.signs import merge as alg
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm import ring_allreduce
-from hvdcomp.method import Method
+from hvdcomp.methods.contract import Method
+from hvdcomp.signs import KERNELS as signs_kernels
 
 
 def decode_fused(batch, entry, bits, delta, share):
-    """``(step, memory)`` of one tensor by the fused kernel (``hvdcomp.kernels.signs``), the
+    """``(step, memory)`` of one tensor by the fused kernel (``hvdcomp.signs.kernels``), the
     numbers of ``alg.apply`` bit for bit: ``bits`` its merged packed bits (host uint8), ``share``
     the local share ``a``. The memory overwrites ``entry.compensated`` when owned."""
-    from hvdcomp.kernels import signs
+    from hvdcomp.signs import kernels as signs
     p, step, memory = signmsg.decode_buffers(batch, entry)
     signs.marsit_decode(bits, p, delta, alg.memory_factor(delta, share),
                         share * entry.own_scale if share else None, step, memory)
@@ -41,7 +43,7 @@ class Marsit(Method):
             every rank; each rank's memory also keeps its own gradient noise as a random walk,
             which grows without bound on long runs) or 'local' (EF-signSGD style:
             ``e = p - s * sign(p)`` with this rank's own scale s; the merge noise is then left
-            uncompensated). Formulas in ``hvdcomp.algorithms.marsit``; the three in
+            uncompensated). Formulas in ``hvdcomp.signs.merge``; the three in
             docs/options.md.
         seed: seed of the merge masks (with the step, rank and chunk: reproducible runs).
         min_compress_numel, on_nonfinite, fusion, fusion_cost, precondition: as for every
@@ -52,7 +54,7 @@ class Marsit(Method):
 
     name = "Marsit"
     n_scalars = 1  # the l1 scale ||p||_1 / d of each tensor
-    kernel_modules = ("signs",)
+    kernel_modules = (signs_kernels,)
 
     def __init__(self, *, compensation="hybrid"):
         self.compensation = validate.choice("compensation", compensation, tuple(alg.LOCAL_SHARE))

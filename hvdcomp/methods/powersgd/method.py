@@ -38,7 +38,7 @@ import numpy as np
 from hvdcomp import feedback, validate
 from hvdcomp.backend import xp
 from hvdcomp.comm import mean_allreduce
-from hvdcomp.method import Method
+from hvdcomp.methods.contract import Method
 
 Q_STATE = "#q"
 

@@ -28,7 +28,7 @@ rounding).
 """
 import numpy as np
 
-from hvdcomp.backend.stochastic import stochastic_signs
+from hvdcomp.methods.binsgdm.stochastic import stochastic_signs
 from hvdcomp.backend.xp import _torch, from_host, is_torch
 
 VOTE, REBINARISE = 0, 1  # stage tags in the random keys
@@ -49,7 +49,7 @@ BLOCK = 1 << 16  # elements per block of a host sum of |g| (no full-size tempora
 def normaliser_mean(g, state, b2, v_total=None):
     """The mean of ``v`` after gradient ``g`` (``update_moments``'s, without computing it), a
     Python float: ``mean|g|`` at the first step, else ``b2 mean(v) + (1-b2) mean|g|``. Averaged
-    over the ranks it is the scale of the step under SGD (``hvdcomp.binsgdm``). Host arrays are
+    over the ranks it is the scale of the step under SGD (``hvdcomp.methods.binsgdm.method``). Host arrays are
     read in blocks: nothing gradient-sized is allocated. ``v_total``: ``total(state[1])`` where
     the caller knows it already (else it is summed here)."""
     n = max(int(g.shape[0]), 1)
@@ -72,7 +72,7 @@ def total(x):
     """The sum of the elements of ``x`` as a Python float: a torch tensor's own ``sum``; a 1-D
     NumPy array's in float64, in *lanes*: lane ``l`` is the sum of the elements ``i`` with
     ``i % LANES == l`` taken in order, and the total adds lanes 0, 1, ... in order. That order is
-    the fused kernels' (``hvdcomp.kernels.votes``), which sum the moment ``v`` as they write it
+    the fused kernels' (``hvdcomp.methods.binsgdm.kernels``), which sum the moment ``v`` as they write it
     (a pass over ``v`` saved per step), so both paths give the same bits."""
     if is_torch(x):
         return float(x.sum())

@@ -1,5 +1,5 @@
 """``hvdcomp.BinSGDM``: one-bit momentum (Birder) over a hierarchical 1-bit all-reduce
-(math in ``hvdcomp.algorithms.binsgdm``, stages in ``hvdcomp.comm.hierarchy``).
+(math in ``hvdcomp.methods.binsgdm.math``, stages in ``hvdcomp.comm.hierarchy``).
 
 The compressor carries the momentum. ``decompress`` returns the mean over ranks of the ±1 votes
 (values in [-1, 1], multiples of 1/nodes, or of 1/size on a single node; for a tensor the
@@ -64,14 +64,17 @@ uninterrupted one bit for bit.
 import numpy as np
 
 from hvdcomp import kernels, stepaside, validate
-from hvdcomp.algorithms import binsgdm as alg
+from hvdcomp.methods.binsgdm import math as alg
 from hvdcomp.algorithms import moment_constants
-from hvdcomp.algorithms.marsit import MarsitMerge
-from hvdcomp.backend import pack_signs, stochastic, unpack_signs
+from hvdcomp.signs.merge import MarsitMerge
+from hvdcomp.backend import pack_signs, unpack_signs
+from hvdcomp.methods.binsgdm import stochastic
 from hvdcomp.backend import xp
 from hvdcomp.backend.bits import packed_nbytes
 from hvdcomp.comm.hierarchy import Hierarchy, small_int_dtype
-from hvdcomp.method import Method
+from hvdcomp.methods.contract import Method
+
+KERNELS = "hvdcomp.methods.binsgdm.kernels"  # its fused kernels (hvdcomp.kernels.warm)
 
 
 UNDER_MOMENTUM_B1 = 0.5  # BinSGDM's own b1 at most, under the user's SGD momentum
@@ -86,7 +89,7 @@ class BinSGDM(Method):
             ``v = b2 v + (1-b2) |g|``. Default (0.9, 0.9): with equal betas ``|m| <= v``, so
             ``u = m / v`` is in [-1, 1] without clipping, with no bias to correct (the state
             starts at m = g, v = |g|); a slower normaliser (e.g. 0.999) is allowed and clipped.
-            See ``hvdcomp.algorithms.binsgdm``.
+            See ``hvdcomp.methods.binsgdm.math``.
         eps: added to ``v`` (guards coordinates whose gradient has always been 0).
         ranks_per_node: group consecutive ranks into nodes of this size (default: the
             ``HVDCOMP_RANKS_PER_NODE`` environment variable, else MPI's shared-memory nodes).
@@ -106,12 +109,12 @@ class BinSGDM(Method):
     name = "BinSGDM"
     under_adam = "step"  # it is the optimizer itself (preconditioning.ThroughAdam)
     own_stages = True  # its paper's intra-node votes (hvdcomp.comm.hierarchy), not the wrapper's
-    returns_step = "BinSGDM"  # its result is the step itself (hvdcomp.method.Method)
+    returns_step = "BinSGDM"  # its result is the step itself (hvdcomp.methods.contract.Method)
     refused = ("min_compress_numel", "precondition")
     refusal = "every tensor is a candidate, and BinSGDM carries its own momentum and normaliser"
     fixed = {"min_compress_numel": 0}
     n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
-    kernel_modules = ("votes",)  # loaded by its constructor: its moments run on every step
+    kernel_modules = (KERNELS,)  # loaded by its constructor: its moments run on every step
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat"):
         self.betas, self.eps = moment_constants(betas, eps)
@@ -122,7 +125,7 @@ class BinSGDM(Method):
         # per tensor key, (v, its total) as the fused kernels summed it when they wrote that v:
         # the next step's scale reads the total instead of v (``committed_total``)
         self.v_totals = {}
-        kernels.warm("votes")
+        kernels.warm(KERNELS)
 
     def settings(self):
         return {"betas": list(self.betas), "eps": self.eps, "ranks_per_node": self.ranks_per_node,
@@ -149,8 +152,8 @@ class BinSGDM(Method):
         (``normaliser_mean``: the step's scale under SGD) and the new moments, as its compressed
         step would update them (one fused pass on host arrays, ``FusedPath``)."""
         b1, b2 = self.betas_in_use
-        if kernels.active("votes", work, out):
-            from hvdcomp.kernels import votes as kv
+        if kernels.active(KERNELS, work, out):
+            from hvdcomp.methods.binsgdm import kernels as kv
             m, v = store.get(key) or (None, None)
             moments = tuple(store.spare(key, work, part) for part in (0, 1))
             v_total = kv.moments_direction(work, m, v, *_constants(work, (b1, b2), self.eps),
@@ -183,9 +186,9 @@ class BinSGDM(Method):
         ctx, hier = batch.ctx, self.layout(batch.ctx)
         # the votes and the mean follow the gradients (host arrays: fused kernels; tensors on a
         # device: array operations there); the inter-node stages work on host arrays
-        path = (FusedPath if kernels.active("votes", *(e.work for e in batch.entries))
+        path = (FusedPath if kernels.active(KERNELS, *(e.work for e in batch.entries))
                 else ReferencePath)
-        host = FusedPath if kernels.on("votes") else ReferencePath
+        host = FusedPath if kernels.on(KERNELS) else ReferencePath
         with batch.phase("encode"):
             votes = path.votes(batch, self.betas_in_use, self.eps,
                                batch.key(self.seed, batch.step, ctx.rank, alg.VOTE),
@@ -238,7 +241,7 @@ def pack_votes(votes):
 
 class ReferencePath:
     """BinSGDM's step in array operations (NumPy, or Torch on any device): the definition
-    (``hvdcomp.algorithms.binsgdm``) that ``FusedPath`` reproduces bit for bit."""
+    (``hvdcomp.methods.binsgdm.math``) that ``FusedPath`` reproduces bit for bit."""
 
     @staticmethod
     def votes(batch, betas, eps, key, v_totals):
@@ -291,12 +294,12 @@ def _words32(key):
 
 
 class FusedPath:
-    """``ReferencePath`` by the fused kernels of ``hvdcomp.kernels.votes`` (host float arrays):
+    """``ReferencePath`` by the fused kernels of ``hvdcomp.methods.binsgdm.kernels`` (host float arrays):
     the same numbers, one pass each."""
 
     @staticmethod
     def votes(batch, betas, eps, key, v_totals):
-        from hvdcomp.kernels import votes as kv
+        from hvdcomp.methods.binsgdm import kernels as kv
         dtype = batch.entries[0].work.dtype.type
         consts = _constants(batch.entries[0].work, betas, eps)
         words = _words32(key)
@@ -315,7 +318,7 @@ class FusedPath:
 
     @staticmethod
     def rebinarised(node_sum, node_size, key):
-        from hvdcomp.kernels import votes as kv
+        from hvdcomp.methods.binsgdm import kernels as kv
         packed = np.empty(packed_nbytes(node_sum.shape[0]), dtype=np.uint8)
         kv.rebinarise_packed(np.ascontiguousarray(node_sum), node_size,
                              kv.rebinarise_thresholds(node_size), *_words32(key), packed)
@@ -323,7 +326,7 @@ class FusedPath:
 
     @staticmethod
     def vote_sums(rows, count, weight, dtype):
-        from hvdcomp.kernels import votes as kv
+        from hvdcomp.methods.binsgdm import kernels as kv
         out = np.empty(count, dtype=dtype)
         kv.node_totals(np.ascontiguousarray(rows), count, weight, out)
         return out
@@ -333,7 +336,7 @@ class FusedPath:
         """Written into the user's gradient where allowed (the votes were drawn from it: it is
         read no more, ``hvdcomp.engine.Entry.result_buffer``), the scale applied in the same
         pass (in the step's dtype, as the reference's multiply)."""
-        from hvdcomp.kernels import votes as kv
+        from hvdcomp.methods.binsgdm import kernels as kv
         out = entry.result_buffer(entry.work, done_reading=True)
         kv.mean_vote(np.ascontiguousarray(total), size,
                      out.dtype.type(1.0 if scale is None else scale), out)

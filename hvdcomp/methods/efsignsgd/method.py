@@ -26,13 +26,13 @@ loss); with the mean, each rank's whole error is in its own memory, so over step
 momenta sum to the ranks' mean momentum, as Marsit's do (EF-signSGD of Karimireddy et al. with a
 mean in place of their single worker, every rank compressing with the scale ``S`` it shares).
 The shared scale makes the step a function of the vote totals ``V`` alone, which travel in log N
-bits per element (``hvdcomp.comm.votes.vote_counts``), where each rank's own scale would need
+bits per element (``hvdcomp.methods.efsignsgd.votes.vote_counts``), where each rank's own scale would need
 every rank's bits at every rank.
 
 Wire: the packed sign bits of all large tensors of a step (each tensor byte-aligned), plus one
 scalar per tensor. With 2 ranks they are all-gathered: each rank sends
 ``(size-1) * sum(ceil(d_i/8))`` bytes, linear in size. With 3 ranks or more the vote's counts go
-along a ring instead (``hvdcomp.comm.votes``: exact counts reduce-scattered in bit planes, the
+along a ring instead (``hvdcomp.methods.efsignsgd.votes``: exact counts reduce-scattered in bit planes, the
 outcome all-gathered; 1.7 bits per element at 3 ranks, 2.75 at 4, 3.9 at 8, growing as log N, in
 2 (N-1) rounds), the same step bit for bit. Under Adam the totals themselves are all-gathered
 instead of the outcome (``vote_counts``: 5.6 bits per element at 8 ranks, 7.75 at 16) where that
@@ -45,11 +45,13 @@ reference path).
 """
 import numpy as np
 
-from hvdcomp import feedback, preconditioning, signmsg
+from hvdcomp import feedback, preconditioning
+from hvdcomp.signs import message as signmsg
 from hvdcomp.backend import unpack_signs, xp
 from hvdcomp.backend.bits import packed_nbytes
-from hvdcomp.comm import votes
-from hvdcomp.method import Method
+from hvdcomp.methods.efsignsgd import votes
+from hvdcomp.methods.contract import Method
+from hvdcomp.signs import KERNELS as signs_kernels
 
 
 def vote_total(rows, d, like=None):
@@ -99,9 +101,9 @@ def own_error(p, scale, owned, scratch):
 
 def decode_fused(batch, entry, rows, off, scale):
     """The step of one tensor and its new memory (kept) by the fused kernel
-    (``hvdcomp.kernels.signs.vote_decode``), the numbers of ``majority_step`` and
+    (``hvdcomp.signs.kernels.vote_decode``), the numbers of ``majority_step`` and
     ``own_error`` bit for bit: its bits start at byte ``off`` of each of ``rows``."""
-    from hvdcomp.kernels import signs
+    from hvdcomp.signs import kernels as signs
     p, step, memory = signmsg.decode_buffers(batch, entry)
     signs.vote_decode(np.ascontiguousarray(rows), off, p, scale, entry.own_scale, step, memory)
     feedback.keep(batch, entry, memory)
@@ -110,7 +112,7 @@ def decode_fused(batch, entry, rows, off, scale):
 
 def exchange(batch, packed, totals):
     """What the decode counts: every rank's packed bits (an all-gather, rows), or where that
-    moves more bits, the vote's exact outcome as two rows (``hvdcomp.comm.votes.vote_rows``),
+    moves more bits, the vote's exact outcome as two rows (``hvdcomp.methods.efsignsgd.votes.vote_rows``),
     or with ``totals`` (a tensor's mean of signs needs its vote totals ``V``, not only their
     signs) the totals themselves, int32 per packed bit (``vote_counts``). Returns ``(rows or
     None, totals or None)``."""
@@ -133,7 +135,7 @@ class EFSignSGD(Method):
 
     name = "EFSignSGD"
     n_scalars = 1  # this rank's scale ||p||_1 / d
-    kernel_modules = ("signs",)
+    kernel_modules = (signs_kernels,)
 
     def prepare(self, batch):
         for e in batch.entries:

@@ -1,5 +1,5 @@
 """``hvdcomp.TopK``: bidirectional Top-K sparsification with error feedback and per-worker
-add-back (math in ``hvdcomp.algorithms.topk``, selection in ``hvdcomp.backend.topk``).
+add-back (math in ``hvdcomp.methods.topk.math``, selection in ``hvdcomp.backend.topk``).
 
 Per flush, every large gradient is compensated (``a = e + g``) and sparsified to its own k_t
 largest magnitudes (on host float tensors in one fused pass, ``hvdcomp.kernels.topk``;
@@ -20,7 +20,7 @@ value; int64 indices when a batch has 2**31 elements or more):
   rank: linear in size); every rank sums all sets in rank order and keeps the exact top-k_t of
   the sum per tensor. This is the baseline (and GRACE's design).
 Both paths apply, at the selected indices, the complete sum over all ranks of the values sent
-there, so the per-worker add-back conserves mass (see ``hvdcomp.algorithms.topk``); they differ
+there, so the per-worker add-back conserves mass (see ``hvdcomp.methods.topk.math``); they differ
 only in how ``G`` is chosen (approximate tree merge vs exact top-k of the full sum). Why the
 extra all-reduce on the tree path: a merge may drop a rank's value at an index that still wins
 at the root through another subtree; applying the tree's own sums would lose that value, and
@@ -35,12 +35,12 @@ all sparse vectors (up to size * K entries: traffic grows with size on either pa
 import numpy as np
 
 from hvdcomp import feedback, kernels, preconditioning, validate
-from hvdcomp.algorithms import topk as alg
+from hvdcomp.methods.topk import math as alg
 from hvdcomp.backend import xp
 from hvdcomp.comm import mpi_allreduce
 from hvdcomp.comm.sparse import allgather_sets
 from hvdcomp.comm.tree import tree_broadcast, tree_reduce
-from hvdcomp.method import Method
+from hvdcomp.methods.contract import Method
 
 PATHS = ("tree", "allgather")
 SELECTIONS = ("approx", "exact")

@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from hvdcomp.backend import sketch as cs
+from hvdcomp.methods.sketchfusion import sketch as cs
 from hvdcomp.backend import xp
 from hvdcomp.backend.xp import _torch, is_torch
 

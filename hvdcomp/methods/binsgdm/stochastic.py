@@ -12,7 +12,7 @@ uninterrupted run drew. Element i is a counter-based hash (no generator state):
 with ``fmix32`` MurmurHash3's 32-bit finaliser (an invertible mix of all 32 bits). The host
 computes it in NumPy's uint32 arithmetic (``host_uniforms``), a device tensor ``like`` on its
 device in int64 arithmetic (``device_uniforms``), and the fused BinSGDM kernels
-(``hvdcomp.kernels.votes``) inline, element by element: the same numbers everywhere. Being a
+(``hvdcomp.methods.binsgdm.kernels``) inline, element by element: the same numbers everywhere. Being a
 function of (key, i), element i of a stream is drawn without drawing the ones before it.
 
 ``stochastic_signs(p, key)``: int8 ±1 with P(+1) = p element-wise, from ``uniforms``: ``+1``

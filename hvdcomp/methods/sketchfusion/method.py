@@ -1,5 +1,5 @@
 """``hvdcomp.SketchFusion``: Count-Sketch compression with worker-side error feedback (math in
-``hvdcomp.algorithms.sketch``, the sketch in ``hvdcomp.backend.sketch``).
+``hvdcomp.methods.sketchfusion.math``, the sketch in ``hvdcomp.methods.sketchfusion.sketch``).
 
 Per flush, all large gradients are compensated (``a = e + g``) and fused into one vector of n
 elements (as Marsit does: one message for the whole step); k = ceil(ratio * n).
@@ -45,19 +45,21 @@ Every rank applies the same update (bit-identical), from the same summed tables.
 import numpy as np
 
 from hvdcomp import feedback, kernels, preconditioning, validate
-from hvdcomp.algorithms import sketch as alg
+from hvdcomp.methods.sketchfusion import math as alg
 from hvdcomp.backend import xp
-from hvdcomp.backend.sketch import hashes
+from hvdcomp.methods.sketchfusion.sketch import hashes
 from hvdcomp.backend.topk import topk_exact
 from hvdcomp.comm import float16_allreduce, ring_allreduce
-from hvdcomp.method import Method
+from hvdcomp.methods.contract import Method
+
+KERNELS = "hvdcomp.methods.sketchfusion.kernels"  # its fused kernels (hvdcomp.kernels.warm)
 
 
 def sketch_of(fused, h):
     """``alg.encode(fused, h)``: this rank's table, flattened; for a host float32 vector by the
-    one-pass kernel (``hvdcomp.kernels.sketch``, the same bits) when the kernels are on."""
-    if kernels.active("sketch", fused) and fused.dtype == np.float32:
-        from hvdcomp.kernels import sketch as ks
+    one-pass kernel (``hvdcomp.methods.sketchfusion.kernels``, the same bits) when the kernels are on."""
+    if kernels.active(KERNELS, fused) and fused.dtype == np.float32:
+        from hvdcomp.methods.sketchfusion import kernels as ks
         table = np.zeros((h.rows, h.cols), dtype=np.float32)
         ks.sketch(fused, h.offsets, h.chunk_signs, table)
         return table.reshape(-1)
@@ -66,12 +68,12 @@ def sketch_of(fused, h):
 
 def heavy_hitters(table, h, k, device=None, scratch=None):
     """``alg.select(table, h, k, device)``; on the host (``device`` None), the estimates come from
-    the fused kernel (``hvdcomp.kernels.sketch``, the same numbers) when it serves (numba, at
+    the fused kernel (``hvdcomp.methods.sketchfusion.kernels``, the same numbers) when it serves (numba, at
     most ``MAX_ROWS`` rows), into ``scratch`` (a host float32 buffer of ``h.n`` elements kept
     across steps, or None: a new one), and the exact top-k's threshold scan is the kernels'
     (``hvdcomp.kernels.topk``)."""
-    if device is None and kernels.on("sketch"):
-        from hvdcomp.kernels import sketch as ks
+    if device is None and kernels.on(KERNELS):
+        from hvdcomp.methods.sketchfusion import kernels as ks
         from hvdcomp.kernels.topk import SumSource
         if h.rows <= ks.MAX_ROWS:
             est = np.empty(h.n, dtype=np.float32) if scratch is None else scratch
@@ -112,7 +114,7 @@ class SketchFusion(Method):
 
     name = "SketchFusion"
     n_scalars = 0
-    kernel_modules = ("sketch", "topk")  # its table, and the exact top-k's threshold scan
+    kernel_modules = (KERNELS, "topk")  # its table, and the exact top-k's threshold scan
 
     def __init__(self, ratio=0.05, *, momentum_ratio=0.2, rows=1, cols=None, width=2,
                  exact=True, wire="float16"):

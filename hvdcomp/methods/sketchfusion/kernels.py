@@ -5,12 +5,12 @@ rows (numba), for host arrays.
 ``table`` (r, c) in one pass over ``x``: each chunk is cut where any row's bucket wraps around,
 and every piece is added to the r rows' contiguous slices (``table[j, b] += s * x[i]``: with
 s = -1 that is the reference's ``table[j, b] - x[i]`` exactly). Every bucket receives its
-contributions in chunk order, as in the reference (``hvdcomp.backend.sketch.sketch``), so the
+contributions in chunk order, as in the reference (``hvdcomp.methods.sketchfusion.sketch.sketch``), so the
 table is the reference's bit for bit; x float32, 1-D, C-contiguous.
 
 ``unsketch(table, offsets, signs, n, out)`` writes, for every position i < n, the median over
 the r rows of ``signs[j, q] * table[j, (i % c + offsets[j, q]) % c]`` (``q = i // c``; the
-offset hashing of ``hvdcomp.backend.sketch``), one pass over ``out`` and no n-sized temporary
+offset hashing of ``hvdcomp.methods.sketchfusion.sketch``), one pass over ``out`` and no n-sized temporary
 (the reference builds an r x BLOCK block of estimates, then r-1 min/max passes over it). The
 median of the r estimates is taken by sorting them (insertion sort; r <= 9): the middle value,
 or for even r the float32 mean of the two middle ones, ``(a + b) / 2``, as the reference

@@ -141,7 +141,7 @@ def sum_block():
                 break
         else:
             raise RuntimeError(f"NumPy {np.__version__} sums floats in an order that "
-                               "hvdcomp.kernels.signs does not reproduce")
+                               "hvdcomp.signs.kernels does not reproduce")
     return _SUM_BLOCK[0]
 
 
@@ -166,7 +166,7 @@ def _marsit_decode(bits, p, step, memory, d, c1, c2, use_local):
 
 
 def marsit_decode(bits, p, delta, memory_factor, local, step, memory):
-    """One pass of Marsit's decode (``hvdcomp.algorithms.marsit.apply`` with the own message):
+    """One pass of Marsit's decode (``hvdcomp.signs.merge.apply`` with the own message):
     for each element, ``b = +1`` where the merged bit is 1, else ``-1``;
     ``step = delta * b`` and ``memory = (p - memory_factor * b) - copysign(local, p)``, each
     constant rounded to ``p``'s dtype first (as NumPy does with a Python scalar), so both
@@ -226,7 +226,7 @@ def _vote_decode(rows, off, p, step, memory, scale, own):
 
 
 def vote_decode(rows, off, p, scale, own_scale, step, memory):
-    """One pass of EF-signSGD's decode (``hvdcomp.efsignsgd``): the vote ``V`` (sum over ranks of
+    """One pass of EF-signSGD's decode (``hvdcomp.methods.efsignsgd.method``): the vote ``V`` (sum over ranks of
     the +-1 bits), ``step = sign(V) * scale`` (0 on a tie) and
     ``memory = p - copysign(own_scale, p)``, constants rounded to ``p``'s dtype first, as in
     the reference.
