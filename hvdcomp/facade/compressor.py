@@ -21,7 +21,7 @@ The step driver (``hvdcomp.bucketing.StepDriver``) cuts the step into batches: o
 default, or with LayerFusion (``fusion='auto'``/``'layerwise'``) buckets reduced by a background
 thread while the backward pass runs; errors keep whole-step semantics. Graph front ends
 (TensorFlow) call ``reduce_batch_now`` once per step instead, with the step's gradients as one
-batch through the same driver (``hvdcomp.frontends.tensorflow``).
+batch through the same driver (``hvdcomp.facade.graph``, ``hvdcomp.frontends.tensorflow``).
 
 A method (``hvdcomp.methods.contract.Method``) knows none of this: ``compressor_class(Method)`` makes its
 Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
@@ -36,17 +36,15 @@ import math
 import os
 import threading
 
-import numpy as np
 
 from hvdcomp import (bucketing, checks, hierarchical, loss_scale, ownership,
                      preconditioning, validate)
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
-from hvdcomp.engine import Entry, pass_planned
+from hvdcomp.facade.graph import GraphCalls
 from hvdcomp.facade.runtime import Runtimes
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
 from hvdcomp.frontends import adapter_for
-from hvdcomp.frontends import numpy as np_adapter
 
 log = logging.getLogger("hvdcomp")
 DEFAULT_MIN_COMPRESS_NUMEL = 1024
@@ -70,7 +68,7 @@ class default_instance:
         return self.fn.__get__(cls.default() if obj is None else obj, cls)
 
 
-class BatchedCompressor:
+class BatchedCompressor(GraphCalls):
     """Base of hvdcomp's compressors (see the module docstring for the protocol).
 
     Common args (keywords; BinSGDM takes all but ``min_compress_numel`` and ``precondition``,
@@ -236,50 +234,6 @@ class BatchedCompressor:
         if isinstance(found, JoinError):
             raise found from None
         checks.confirm_op_refusal(rt.engine.context())
-
-    def reduce_now(self, key, array, reduced_placeholder, process_set=None):
-        """``decompress``'s result for one host array (a direct allreduce) reduced now, times
-        its reduced placeholder's op factor (checked before anything is communicated)."""
-        ranks = ownership.process_set_ranks(process_set)
-        factor = self.op_factor(np_adapter.reduced(reduced_placeholder), key, ranks)
-        (flat,) = self.reduce_batch_now([key], [array], gradients=False, process_set=process_set)
-        return np.asarray(flat * factor if factor != 1 else flat, array.dtype).reshape(array.shape)
-
-    def reduce_batch_now(self, keys, arrays, gradients=True, adam=None, process_set=None,
-                         by_horovod=None):
-        """The graph front ends' entry point: each array's mean over ``process_set`` (flat,
-        float32 or float64, where it was), reduced now as one batch, the same keys on every rank
-        of the set (gradients, adam: Entry's). ``by_horovod``: per key, whether Horovod's own
-        allreduce sums that array this step (``horovod_plan``): hvdcomp only checks it, and its
-        result is a ``hvdcomp.engine.HorovodSum``."""
-        summed = by_horovod if by_horovod is not None else [False] * len(keys)
-        with self._lock:
-            rt = self.runtimes.for_set(process_set)
-            entries = [rt.engine.entry(k, a, adapter_for(a), by_horovod=True, adam=m) if b
-                       else Entry(k, a, adapter_for(a), gradient=gradients, adam=m)
-                       for k, a, m, b in zip(keys, arrays, adam or [None] * len(keys), summed)]
-            rt.driver.whole_step(entries)
-            return [rt.engine.take(e.ticket)[0] for e in entries]
-
-    def horovod_plan(self, numels, keys, process_set=None, whole=False, countdown=None):
-        """A graph front end's step plan, before its gradients reach Horovod (the step's
-        exchange window starts here, ``hvdcomp.decision``): per key (a gradient of ``numels[i]``
-        elements), whether Horovod sums it (``Runtime.hands_to_horovod``), ``quiet, silent``
-        (``hvdcomp.engine.pass_planned``: the ``whole`` batch passed) and how many following
-        steps its ``countdown`` may end itself (``hvdcomp.engine.QuietGrant``)."""
-        with self._lock:
-            rt = self.runtimes.for_set(process_set)
-            rt.decision.begin()
-            plan = [rt.hands_to_horovod(n, k, lambda: False) for n, k in zip(numels, keys)]
-            quiet, silent = pass_planned(rt.engine, numels) if whole and all(plan) else (False,) * 2
-            rt.ahead.countdown = countdown
-            granted = rt.ahead.grant(rt.engine, numels, silent and countdown is not None)
-            return plan, quiet, silent, granted
-
-    def handed_over(self, process_set=None):
-        """A graph front end handed a result of the step over (after Horovod's own allreduce of
-        the tensors it sums): the decision's exchange window ends here unless another follows."""
-        self.runtimes.for_set(process_set).decision.mark()
 
     # -- checkpoints ---------------------------------------------------------------------------
     @default_instance
