@@ -124,8 +124,8 @@ fi
 # The fused kernels, compiled ahead into numba's disk cache (~10 s once; ~1 s to load them when
 # the cache is current), so that no training job compiles them.
 warm_kernels() {
-  "$VENV/bin/python" -c 'from hvdcomp import kernels
-for m in ("signs", "topk", "votes", "sketch", "finite"):
+  "$VENV/bin/python" -c 'from hvdcomp import kernels, registry
+for m in sorted({"finite", *(m for c in registry.METHODS.values() for m in c.Method.kernel_modules)}):
     kernels.warm(m)'
 }
 
