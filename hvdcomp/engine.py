@@ -335,7 +335,72 @@ class KernelLoading:
             self.due, self.loaded = False, True
 
 
-class StepEngine:
+class StepEnding:
+    """How a step ends, on a ``StepEngine``: committed (``end_step``), skipped for NaN/Inf
+    (``skip_step``: the state rolled back, the results what ``on_nonfinite`` says), aborted by an
+    error (``abort_step``: rolled back, no result kept) or quiet (``pass_quietly``: every result
+    Horovod's own); each counts the step and its figures (``last_stats``, ``total_stats``)."""
+
+    def pass_quietly(self, horovod_bytes):
+        """A quiet step (``QuietSteps``): every result is Horovod's own (``SUMMED``), nothing is
+        staged or communicated; the step ends with the figures of the agreed step that allowed
+        it, and ``horovod_bytes``, what Horovod's allreduce sent (a tensor may be summed in
+        float16, ``Entry.half``)."""
+        t0 = time.perf_counter()
+        self.decision.begin()  # where no compress() came first
+        self.atypical = False
+        self.decision.step_done()
+        self.step += 1
+        self.last_stats = stats = StepStats(
+            steps=1, step=self.step, seconds=time.perf_counter() - t0,
+            horovod_bytes=horovod_bytes, **self.quiet.figures)
+        self.total_stats.add(stats)
+        return stats
+
+    def end_step(self, batch_stats):
+        """End a step reduced in one or several batches: commit the state, count one step,
+        set ``last_stats``."""
+        self.store.commit()
+        self.pre.land()
+        self.decision.step_done(typical=not self.atypical)
+        self.batch = 0
+        self.step += 1
+        step = StepStats(steps=1, step=self.step, ranks=self.context().size)
+        for s in batch_stats:
+            step.add(s)
+        step.steps, step.step = 1, self.step
+        self.last_stats = step
+        self.total_stats.add(step)
+
+    def skip_step(self, entries, batch_stats, nonfinite):
+        """End a step skipped for NaN/Inf in the tensors ``nonfinite`` (keys): the state is
+        rolled back; every entry's result is what ``unapplied`` gives."""
+        self._rollback()
+        self.skipped += 1
+        for e in entries:
+            done = self.results.get(e.ticket)
+            like = done[0] if done is not None else e.work
+            self.results[e.ticket] = (unapplied(e, like, e.key in nonfinite, self.on_nonfinite),
+                                      e)
+            e.release()
+        self.end_step(batch_stats)
+
+    def _rollback(self):
+        """Drop the step's staged state (the store's and the preconditioner's)."""
+        self.store.rollback()
+        self.pre.drop()
+
+    def abort_step(self, entries):
+        """Forget a step that raised: the state is rolled back, no result is kept."""
+        self._rollback()
+        self.batch = 0
+        self.decision.step_done(typical=False)
+        for e in entries:
+            self.results.pop(e.ticket, None)
+            e.release()
+
+
+class StepEngine(StepEnding):
     """Reduces batches for one ``method`` (``hvdcomp.methods.contract.Method``, or a wrapper with its
     contract: ``name``, ``n_scalars``, ``prepare(batch)``, ``reduce(batch, scalars)``), with
     ``preconditioner`` (``hvdcomp.preconditioning``: ``makes_dense``, ``before``, ``after``),
@@ -343,7 +408,8 @@ class StepEngine:
     compresses), ``describe`` (a callable: the settings every rank must agree on) and ``ranks``
     (the world ranks of the process set it reduces over, a sorted tuple; None: every rank) or
     ``context`` (its ``CommContext``: a torch.distributed group's, ``hvdcomp.ddp``). The state
-    is the set's: an engine serves one set (``hvdcomp.facade.runtime``)."""
+    is the set's: an engine serves one set (``hvdcomp.facade.runtime``). Its steps end through
+    ``StepEnding``."""
 
     def __init__(self, method, store, preconditioner, decision, on_nonfinite, describe,
                  ranks=None, context=None):
@@ -451,22 +517,6 @@ class StepEngine:
             self.batch += 1
         return stats
 
-    def pass_quietly(self, horovod_bytes):
-        """A quiet step (``QuietSteps``): every result is Horovod's own (``SUMMED``), nothing is
-        staged or communicated; the step ends with the figures of the agreed step that allowed
-        it, and ``horovod_bytes``, what Horovod's allreduce sent (a tensor may be summed in
-        float16, ``Entry.half``)."""
-        t0 = time.perf_counter()
-        self.decision.begin()  # where no compress() came first
-        self.atypical = False
-        self.decision.step_done()
-        self.step += 1
-        self.last_stats = stats = StepStats(
-            steps=1, step=self.step, seconds=time.perf_counter() - t0,
-            horovod_bytes=horovod_bytes, **self.quiet.figures)
-        self.total_stats.add(stats)
-        return stats
-
     def _reduce_batch(self, ctx, entries, end_step):
         """Steps 1-6 of the module docstring: ``(outputs in entries' order, compressed entries)``."""
         name = self.method.name
@@ -541,48 +591,6 @@ class StepEngine:
                 if not finite:
                     e.status = checks.NONFINITE
         return warming
-
-    def end_step(self, batch_stats):
-        """End a step reduced in one or several batches: commit the state, count one step,
-        set ``last_stats``."""
-        self.store.commit()
-        self.pre.land()
-        self.decision.step_done(typical=not self.atypical)
-        self.batch = 0
-        self.step += 1
-        step = StepStats(steps=1, step=self.step, ranks=self.context().size)
-        for s in batch_stats:
-            step.add(s)
-        step.steps, step.step = 1, self.step
-        self.last_stats = step
-        self.total_stats.add(step)
-
-    def skip_step(self, entries, batch_stats, nonfinite):
-        """End a step skipped for NaN/Inf in the tensors ``nonfinite`` (keys): the state is
-        rolled back; every entry's result is what ``unapplied`` gives."""
-        self._rollback()
-        self.skipped += 1
-        for e in entries:
-            done = self.results.get(e.ticket)
-            like = done[0] if done is not None else e.work
-            self.results[e.ticket] = (unapplied(e, like, e.key in nonfinite, self.on_nonfinite),
-                                      e)
-            e.release()
-        self.end_step(batch_stats)
-
-    def _rollback(self):
-        """Drop the step's staged state (the store's and the preconditioner's)."""
-        self.store.rollback()
-        self.pre.drop()
-
-    def abort_step(self, entries):
-        """Forget a step that raised: the state is rolled back, no result is kept."""
-        self._rollback()
-        self.batch = 0
-        self.decision.step_done(typical=False)
-        for e in entries:
-            self.results.pop(e.ticket, None)
-            e.release()
 
 
 def pass_planned(engine, numels):
