@@ -254,7 +254,53 @@ class DecisionRecord:
                            for i, m in sorted(self.medians.items())))
 
 
-class Decision(ExchangeWindow, DecisionRecord):
+class Floors:
+    """What a ``Decision`` knows before it measures: the link (``hvdcomp.comm.link``, measured
+    once, ``wants_link``), each candidate's floor from it (``predict``), and what they settle:
+    the method put in force first where it is favoured by far (``_put_first``,
+    ``favours_method``), and probe candidates skipped whose floor is hopeless
+    (``_skip_hopeless``)."""
+
+    link = None  # the measured ``hvdcomp.comm.link.Link`` the floors come from, or None
+
+    def wants_link(self):
+        """Whether the link is still to be measured: mode 'measure', before its first step."""
+        return self.phase == "probe" and self.link is None and self.thresholds is None
+
+    def _predict(self, link, numels, speak):
+        """The floors from the measured ``link`` (``predict``); the method first if favoured."""
+        self.floors, estimate = predict(link, self.thresholds, numels)
+        pass_all = self.floors[len(self.thresholds) - 1]
+        if pass_all > FIRST * estimate and pass_all >= MIN_FLOOR:
+            self.first, self.favoured = 0, True
+        if speak:
+            log.info("compress-or-pass: the link sums %s; passing every tensor takes at least "
+                     "%.1f ms a step, the method about %.1f ms: %s first", link.describe(),
+                     1e3 * pass_all, 1e3 * estimate, "the method" if self.favoured else "passing")
+
+    def _put_first(self):
+        """Put the favoured candidate in force (it settles) unless a warm-up holds it back."""
+        if self.first is None or self.waiting:
+            return False
+        self.current, self.first, self.seen = self.first, None, 0
+        return True
+
+    def _skip_hopeless(self):
+        """Drop from the queue's head the candidates whose floor is over ``1 + abort`` times the
+        best sample so far (and ``MIN_FLOOR``): they would be dropped after their sample anyway."""
+        best = min((w[0] for w in self.taken.values()), default=math.inf)
+        while (self.skipping and self.queue and self.queue[0] not in self.taken
+               and self.floors.get(self.queue[0], 0.0) > max((1 + self.abort) * best,
+                                                              MIN_FLOOR)):
+            self.unrun.append(self.queue.pop(0))
+
+    def favours_method(self):
+        """Whether the method runs first, predicted to win by far (``FIRST``), and is in force
+        (or about to be): its kernels are worth loading at once."""
+        return self.favoured and 0 in (self.first, self.current)
+
+
+class Decision(Floors, ExchangeWindow, DecisionRecord):
     """One compressor's threshold (see the module docstring). ``compresses(numel)`` is what the
     step engine and ``compress()`` ask; ``observe(window, numels)`` takes the agreed exchange
     window of the last step (``ExchangeWindow``: this rank's)."""
@@ -304,11 +350,6 @@ class Decision(ExchangeWindow, DecisionRecord):
         return numel >= self.threshold
 
     waiting = False  # a probe is due but waits for a preconditioner's warm-up (``observe``)
-    link = None  # the measured ``hvdcomp.comm.link.Link`` the floors come from, or None
-
-    def wants_link(self):
-        """Whether the link is still to be measured: mode 'measure', before its first step."""
-        return self.phase == "probe" and self.link is None and self.thresholds is None
 
     def observe(self, window, numels, speak=False, steps=1, half=False, warming=None,
                 link=None):
@@ -349,33 +390,6 @@ class Decision(ExchangeWindow, DecisionRecord):
             self._hold(window, speak)
         elif self.seen > self.settle and not self.waiting:
             self._probe(window, speak)
-
-    def _predict(self, link, numels, speak):
-        """The floors from the measured ``link`` (``predict``); the method first if favoured."""
-        self.floors, estimate = predict(link, self.thresholds, numels)
-        pass_all = self.floors[len(self.thresholds) - 1]
-        if pass_all > FIRST * estimate and pass_all >= MIN_FLOOR:
-            self.first, self.favoured = 0, True
-        if speak:
-            log.info("compress-or-pass: the link sums %s; passing every tensor takes at least "
-                     "%.1f ms a step, the method about %.1f ms: %s first", link.describe(),
-                     1e3 * pass_all, 1e3 * estimate, "the method" if self.favoured else "passing")
-
-    def _put_first(self):
-        """Put the favoured candidate in force (it settles) unless a warm-up holds it back."""
-        if self.first is None or self.waiting:
-            return False
-        self.current, self.first, self.seen = self.first, None, 0
-        return True
-
-    def _skip_hopeless(self):
-        """Drop from the queue's head the candidates whose floor is over ``1 + abort`` times the
-        best sample so far (and ``MIN_FLOOR``): they would be dropped after their sample anyway."""
-        best = min((w[0] for w in self.taken.values()), default=math.inf)
-        while (self.skipping and self.queue and self.queue[0] not in self.taken
-               and self.floors.get(self.queue[0], 0.0) > max((1 + self.abort) * best,
-                                                              MIN_FLOOR)):
-            self.unrun.append(self.queue.pop(0))
 
     def _begin_probe(self, light=False):
         """A probe's screen round: the candidate in force first (it needs no settling), then
@@ -485,11 +499,6 @@ class Decision(ExchangeWindow, DecisionRecord):
             self.phase = "probe"
             self.skipping = not drifted
             self._begin_probe(light=not full)
-
-    def favours_method(self):
-        """Whether the method runs first, predicted to win by far (``FIRST``), and is in force
-        (or about to be): its kernels are worth loading at once."""
-        return self.favoured and 0 in (self.first, self.current)
 
     def passes_all(self):
         """Whether every tensor is passed, and stays so until the next observation (in a probe
