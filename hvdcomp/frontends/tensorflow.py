@@ -485,7 +485,63 @@ def scale_of(scaler):
     return tf.cast(scaler.loss_scale, tf.float32)
 
 
-class StepBatch:
+class StepPlan:
+    """The plan op of a ``StepBatch``: run first in each step, it says per key whether Horovod's
+    own allreduce sums that gradient this step (``BatchedCompressor.horovod_plan``), and whether
+    the step is ``quiet`` (ended at once: the step op does not run) and ``silent`` (no result
+    is handed over)."""
+
+    def plan_op(self):
+        """The step's plan (a bool per key: Horovod sums that gradient), built at the first
+        call, in ``graph``, where the step op is; False for every key where Horovod's conds do
+        not take their allreduce branch. Beside it, ``flags``. A step that ``countdown`` ends
+        passes every key, quiet and silent, without the Python call."""
+        if self._plan is None:
+            with self.graph.as_default():
+                def planned():
+                    return tuple(tf.numpy_function(
+                        self._planned, [], [tf.bool, tf.bool], stateful=True,
+                        name=f"hvdcomp_{self.compressor.method}_plan"))
+                plan = functools.partial(self.countdown.ends, len(self.keys), planned)
+
+                def none():
+                    return tf.zeros([len(self.keys)], tf.bool), tf.zeros([2], tf.bool)
+                here = _horovod_reduces(self.process_set)
+                self._plan, self._flags = (tf.cond(here, plan, none) if tf.is_tensor(here)
+                                           else plan() if here else none())
+                self._plan.set_shape([len(self.keys)])
+                self._flags.set_shape([2])
+        return self._plan
+
+    def quiet(self):
+        """The plan op's flag: this step is quiet (``hvdcomp.engine.pass_planned``: every
+        gradient passed, the step already ended), so the step op does not run."""
+        self.plan_op()
+        return self._flags[0]
+
+    def silent(self):
+        """The plan op's flag: this step is quiet and its exchange window is not read, so no
+        result of it is handed over (``hands_over``'s sum too is returned in graph ops)."""
+        self.plan_op()
+        return self._flags[1]
+
+    def _planned(self):
+        """The plan and ``[quiet, silent]`` (``plan_op``); the step's exchange window starts
+        here (``horovod_plan``). A quiet step's results are Horovod's sums, set here for the
+        ``take`` that hands one over where its window is read."""
+        keys = [k for k, s in zip(self.keys, self.sums) if s]
+        numels = [self.tensors[k].shape.num_elements() for k in keys]
+        summed, quiet, silent, _ = self.compressor.horovod_plan(
+            numels, keys, self.process_set, whole=len(keys) == len(self.keys),
+            countdown=self.countdown)
+        if quiet:
+            self.results = dict.fromkeys(self.keys, SUMMED)
+        summed = dict(zip(keys, summed))
+        return (np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_),
+                np.array([quiet, silent], dtype=np.bool_))
+
+
+class StepBatch(StepPlan):
     """The gradients of one traced ``allreduce_grads`` call (``GradientsCall``), reduced at
     every step as one batch by one op, but for those that Horovod's own allreduce sums.
 
@@ -567,55 +623,6 @@ class StepBatch:
         are handed back in graph ops, where a Python op per gradient would cost ~0.1 ms per
         gradient and step (the 6-tensor MLP of recipe (d): 3.3 -> 5.0 ms)."""
         return index == self.closing
-
-    def plan_op(self):
-        """The step's plan (a bool per key: Horovod sums that gradient), built at the first
-        call, in ``graph``, where the step op is; False for every key where Horovod's conds do
-        not take their allreduce branch. Beside it, ``flags``. A step that ``countdown`` ends
-        passes every key, quiet and silent, without the Python call."""
-        if self._plan is None:
-            with self.graph.as_default():
-                def planned():
-                    return tuple(tf.numpy_function(
-                        self._planned, [], [tf.bool, tf.bool], stateful=True,
-                        name=f"hvdcomp_{self.compressor.method}_plan"))
-                plan = functools.partial(self.countdown.ends, len(self.keys), planned)
-
-                def none():
-                    return tf.zeros([len(self.keys)], tf.bool), tf.zeros([2], tf.bool)
-                here = _horovod_reduces(self.process_set)
-                self._plan, self._flags = (tf.cond(here, plan, none) if tf.is_tensor(here)
-                                           else plan() if here else none())
-                self._plan.set_shape([len(self.keys)])
-                self._flags.set_shape([2])
-        return self._plan
-
-    def quiet(self):
-        """The plan op's flag: this step is quiet (``hvdcomp.engine.pass_planned``: every
-        gradient passed, the step already ended), so the step op does not run."""
-        self.plan_op()
-        return self._flags[0]
-
-    def silent(self):
-        """The plan op's flag: this step is quiet and its exchange window is not read, so no
-        result of it is handed over (``hands_over``'s sum too is returned in graph ops)."""
-        self.plan_op()
-        return self._flags[1]
-
-    def _planned(self):
-        """The plan and ``[quiet, silent]`` (``plan_op``); the step's exchange window starts
-        here (``horovod_plan``). A quiet step's results are Horovod's sums, set here for the
-        ``take`` that hands one over where its window is read."""
-        keys = [k for k, s in zip(self.keys, self.sums) if s]
-        numels = [self.tensors[k].shape.num_elements() for k in keys]
-        summed, quiet, silent, _ = self.compressor.horovod_plan(
-            numels, keys, self.process_set, whole=len(keys) == len(self.keys),
-            countdown=self.countdown)
-        if quiet:
-            self.results = dict.fromkeys(self.keys, SUMMED)
-        summed = dict(zip(keys, summed))
-        return (np.array([summed.get(k, False) for k in self.keys], dtype=np.bool_),
-                np.array([quiet, silent], dtype=np.bool_))
 
     def join(self, key, tensor):
         """Whether ``tensor`` (compressed under ``key``) belongs to this batch; records it."""
