@@ -508,7 +508,8 @@ class StepEngine(StepEnding):
         stats = StepStats.of_step(
             step=self.step + 1, ranks=ctx.size, elements=sum(e.numel for e in entries),
             compressed_elements=sum(e.numel for e in big), bytes_sent=moved.bytes_sent,
-            bytes_recv=moved.bytes_recv, seconds=time.perf_counter() - t0, phases=self.phases,
+            bytes_recv=moved.bytes_recv, rounds=moved.rounds, seconds=time.perf_counter() - t0,
+            phases=self.phases,
             horovod_bytes=horovod_bytes(entries, ctx.size),
             decision=self.decision.as_dict())
         if end_step:

@@ -176,7 +176,7 @@ class Hierarchical:
                 if out is not shard.into:  # the method made its own array
                     shard.into[...] = xp.to_host(out).reshape(-1)
             moved = hier.inter.stats.since(before)
-            batch.ctx.stats.add(moved.bytes_sent, moved.bytes_recv, moved.messages)
+            batch.ctx.stats.add(moved.bytes_sent, moved.bytes_recv, moved.messages, moved.rounds)
         with batch.phase("comm"):
             mem.barrier()  # every shard's result is in
             out = [_copy_out(e, result[off:off + e.numel])

@@ -7,7 +7,8 @@ class StepStats:
     """Figures for one step (``last_stats``) or summed over steps (``total_stats``).
 
     ``bytes_sent``/``bytes_recv``: what this rank moved through hvdcomp's own MPI traffic,
-    metadata included. ``horovod_bytes``: what Horovod's own allreduce sends per rank for the
+    metadata included; ``rounds``: the exchanges it waited for one after another, each paying the
+    link's latency (``hvdcomp.comm.stats.CommStats``; the agreement's all-gather included). ``horovod_bytes``: what Horovod's own allreduce sends per rank for the
     small tensors it sums for hvdcomp (``hvdcomp.engine.Entry.by_horovod``), computed as a ring
     all-reduce's ``2 (size-1)/size * bytes`` (Horovod's traffic is not measured here).
     ``fp32_ring_bytes``: what a plain fp32 ring all-reduce of the same elements would send per
@@ -25,6 +26,7 @@ class StepStats:
     compressed_elements: int = 0
     bytes_sent: int = 0
     bytes_recv: int = 0
+    rounds: int = 0
     horovod_bytes: int = 0
     seconds: float = 0.0
     phases: dict = dataclasses.field(default_factory=dict)
@@ -50,6 +52,7 @@ class StepStats:
         self.compressed_elements += other.compressed_elements
         self.bytes_sent += other.bytes_sent
         self.bytes_recv += other.bytes_recv
+        self.rounds += other.rounds
         self.horovod_bytes += other.horovod_bytes
         self.seconds += other.seconds
         for k, v in other.phases.items():
@@ -65,7 +68,8 @@ class StepStats:
         per = max(self.steps, 1)
         ph = " ".join(f"{k}={1e3 * v / per:.1f}ms" for k, v in sorted(self.phases.items()))
         return (f"sent {(self.bytes_sent + self.horovod_bytes) / per / 1e6:.3f} MB/step/rank "
-                f"(fp32 ring: {self.fp32_ring_bytes / per / 1e6:.3f} MB, {self.ratio:.1f}x less) {ph}")
+                f"(fp32 ring: {self.fp32_ring_bytes / per / 1e6:.3f} MB, {self.ratio:.1f}x less) "
+                f"{self.rounds / per:.0f} rounds/step {ph}")
 
 
 def ring_bytes(nbytes, ranks):

@@ -298,7 +298,7 @@ class Hierarchy:
         before = self.inter.stats.snapshot()
         ring_allreduce(self.inter, buf, merge)
         spent = self.inter.stats.since(before)
-        self.parent.stats.add(spent.bytes_sent, spent.bytes_recv, spent.messages)
+        self.parent.stats.add(spent.bytes_sent, spent.bytes_recv, spent.messages, spent.rounds)
         self.parent.stats.seconds += spent.seconds
         return buf[None, :]
 
@@ -338,14 +338,16 @@ class Hierarchy:
 
 
 class _Leg:
-    """Counts one stage's bytes, messages and time in its leg's and the parent's stats."""
+    """Counts one stage's bytes, messages, rounds (one per exchange) and time in its leg's and
+    the parent's stats."""
 
     def __init__(self, hierarchy, leg_ctx):
         self.targets = (leg_ctx.stats, hierarchy.parent.stats)
-        self.counts = [0, 0, 0]
+        self.counts = [0, 0, 0, 0]
 
     def add(self, sent, recv, messages):
-        self.counts = [self.counts[0] + sent, self.counts[1] + recv, self.counts[2] + messages]
+        self.counts = [self.counts[0] + sent, self.counts[1] + recv, self.counts[2] + messages,
+                       self.counts[3] + 1]
 
     def __enter__(self):
         self.t0 = time.perf_counter()

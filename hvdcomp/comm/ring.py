@@ -90,7 +90,7 @@ def ring_allreduce(ctx, buf, combine=sum_combine):
         s_idx, r_idx = (rank + 1 - t) % size, (rank - t) % size
         a, b, m = _exchange(comm, chunk[s_idx], chunk[r_idx], right, left)
         sent, recv, msgs = sent + a, recv + b, msgs + m
-    ctx.stats.add(sent, recv, msgs)
+    ctx.stats.add(sent, recv, msgs, rounds=2 * (size - 1))
     ctx.stats.seconds += time.perf_counter() - t0
     return buf
 
@@ -141,7 +141,7 @@ def mpi_allreduce(ctx, buf):
         ctx.comm.Allreduce(MPI.IN_PLACE, buf[off:off + per_piece], op=MPI.SUM)
         pieces += 1
     moved = 2 * (size - 1) * buf.nbytes // size
-    ctx.stats.add(moved, moved, 2 * (size - 1) * pieces)
+    ctx.stats.add(moved, moved, 2 * (size - 1) * pieces, rounds=pieces)
     ctx.stats.seconds += time.perf_counter() - t0
     return buf
 

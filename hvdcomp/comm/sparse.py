@@ -25,7 +25,7 @@ def send_arrays(ctx, arrays, dest):
     ctx.comm.Send(header, dest=dest, tag=HEADER_TAG)
     payload = np.concatenate([a.view(np.uint8) for a in arrays] or [_empty(np.uint8)])
     sent, _, msgs = _exchange(ctx.comm, payload, _empty(np.uint8), dest, dest)
-    ctx.stats.add(sent + header.nbytes, 0, msgs + 1)
+    ctx.stats.add(sent + header.nbytes, 0, msgs + 1, rounds=2)
     return sent + header.nbytes
 
 
@@ -38,7 +38,7 @@ def recv_arrays(ctx, source, dtypes):
     sizes = [int(n) * d.itemsize for n, d in zip(header, dtypes)]
     payload = np.empty(sum(sizes), dtype=np.uint8)
     _, got, msgs = _exchange(ctx.comm, _empty(np.uint8), payload, source, source)
-    ctx.stats.add(0, got + header.nbytes, msgs + 1)
+    ctx.stats.add(0, got + header.nbytes, msgs + 1, rounds=2)
     out, off = [], 0
     for nbytes, d in zip(sizes, dtypes):
         out.append(payload[off:off + nbytes].view(d))
@@ -78,6 +78,6 @@ def allgather_sets(ctx, s):
         ctx.comm.Allgatherv(local, [buf, counts.tolist()])
         out.append(buf)
     entry = idx.itemsize + val.itemsize
-    ctx.stats.add(idx.size * entry * (ctx.size - 1), (total - idx.size) * entry, 2)
+    ctx.stats.add(idx.size * entry * (ctx.size - 1), (total - idx.size) * entry, 2, rounds=2)
     return [(out[0][offsets[r]:offsets[r + 1]], out[1][offsets[r]:offsets[r + 1]])
             for r in range(ctx.size)]
