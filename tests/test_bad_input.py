@@ -101,14 +101,14 @@ def test_sparse_gradients(bad_input, m):
     """nn.Embedding(sparse=True): without sparse_as_dense Horovod reduces the sparse gradient
     itself (uncompressed; the result equals compression=none), the dense one is compressed;
     with sparse_as_dense=True both go through the compressor. Ranks bit-identical."""
-    expect = expect.EXPECT[m]
-    vector = [] if expect.exact_vectors else ["w"]  # the 2000-element vector's state
+    want = expect.EXPECT[m]
+    vector = [] if want.exact_vectors else ["w"]  # the 2000-element vector's state
     for r in bad_input.values():
         assert r[f"{m}.sparse_same"] and r[f"{m}.sparse_identical"]
         assert r[f"{m}.sparse_dense_compressed"] == [
-            expect.state_keys([f"{m}.sp.{t}" for t in vector]), 2000]
+            want.state_keys([f"{m}.sp.{t}" for t in vector]), 2000]
         assert r[f"{m}.dense_compressed"] == [
-            expect.state_keys([f"{m}.spd.{t}" for t in ["emb", *vector]]), 14000]
+            want.state_keys([f"{m}.spd.{t}" for t in ["emb", *vector]]), 14000]
         assert r[f"{m}.dense_identical"] and r[f"{m}.dense_finite_moved"] == [True, True]
 
 

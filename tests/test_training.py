@@ -53,8 +53,8 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
     assert r["acc"] >= uncompressed["acc"] - TOLERANCE_ACC
     assert r["loss"] <= uncompressed["loss"] + TOLERANCE_LOSS
     # state of the compressed tensors only, unless the method compresses every tensor
-    expect = expect.EXPECT[method_of(name)]
-    assert r["memory_keys"] == expect.state_keys(LARGE if expect.small_exact else EVERY)
+    want = expect.EXPECT[method_of(name)]
+    assert r["memory_keys"] == want.state_keys(LARGE if want.small_exact else EVERY)
     assert r["stats"]["compressed_elements"] > 0.99 * r["stats"]["elements"]
     assert min(x["stats"]["ratio"] for x in res.values()) > min_ratio
 
