@@ -106,3 +106,18 @@ def test_no_import_cycle_between_hvdcomps_modules():
 def test_the_registry_imports_nothing_of_the_tests_or_the_benchmarks():
     imported = _imports(MODULES["hvdcomp.registry"])
     assert not {m for m in imported if m.split(".")[0] in ("tests", "benchmarks", "conftest")}
+
+
+FRONT = ("hvdcomp.facade", "hvdcomp.frontends", "hvdcomp.ownership", "hvdcomp.registry",
+         "hvdcomp.ddp")
+
+
+def test_the_runtime_imports_nothing_of_the_front_ends():
+    """The engine, the decision, the state, the node stages, the methods, the collectives: none
+    of them imports Horovod's facade, the front ends (Horovod's or DDP's) or the registry."""
+    runtime = {name: p for name, p in MODULES.items()
+               if name != "hvdcomp" and not name.startswith(FRONT)}
+    assert {"hvdcomp.engine", "hvdcomp.decision", "hvdcomp.hierarchical"} <= set(runtime)
+    upward = {f"{name} imports {m}" for name, p in runtime.items() for m in _imports(p)
+              if m.startswith(FRONT) or m.split(".")[0] == "horovod"}
+    assert not upward, sorted(upward)
