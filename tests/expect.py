@@ -11,6 +11,7 @@
 
 No MPI and no Horovod here: imported by the test modules and the rank scripts alike.
 """
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -149,3 +150,23 @@ EXPECT = {
                        one_rank_kwargs={"rank": 1 << 20}, test_kwargs={"rank": 2}, invalid=(
                            ("rank", 0), ("rank", 1.5), ("rank", "two")) + _COMMON_INVALID),
 }
+
+
+# Rounds the slowest rank waits for in one step of a method on P ranks (one node): the method's
+# collectives as their docstrings give them (benchmarks/cost_model.py's laws), beside what the
+# engine adds (the agreement's all-gather, and the scalars' where the method has any).
+ROUNDS = {
+    "Marsit": lambda p: 2 * (p - 1),  # the ring all-reduce of the sign bits
+    "EFSignSGD": lambda p: _votes(p),
+    "SketchFusion": lambda p: 4 * (p - 1),  # two rings: the sketch, then the exact values
+    "PowerSGD": lambda p: 2,  # two MPI all-reduces: P, then Q
+    "TopK": lambda p: 1 + 4 * math.ceil(math.log2(p)),  # the counts, then the tree both ways
+    "BinSGDM": lambda p: 2 * (p - 1),  # one node: its intra-node stages
+}
+
+
+def _votes(p):
+    """EF-signSGD's rounds: the vote counted along a ring where that moves fewer bits (from 3
+    ranks), else one all-gather of the bits."""
+    from hvdcomp.methods.efsignsgd import votes
+    return 2 * (p - 1) if votes.ring_pays(p) else 1

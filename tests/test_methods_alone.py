@@ -2,15 +2,12 @@
 in-process transport of simulated ranks (tests/inprocess.py): no MPI rank, no Horovod, no step
 engine. What each method's math promises, checked in seconds; the real-rank tests check the same
 methods under Horovod and DDP."""
-import math
-
 import numpy as np
 import pytest
 
 import expect
 import inprocess
 from hvdcomp import registry
-from hvdcomp.methods.efsignsgd import votes
 
 METHODS = list(registry.METHODS)
 RANKS = 4
@@ -105,24 +102,10 @@ def test_each_rank_sends_the_methods_saving_over_an_fp32_ring(name):
     assert saving >= (expect.EXPECT[name].min_ratio or 4), saving
 
 
-# Rounds the slowest rank waits for in one step of a method on P ranks (one node), beside the
-# all-gather of the scalars (tests/inprocess.py): the method's collectives as their docstrings
-# give them (benchmarks/cost_model.py's laws).
-ROUNDS = {
-    "Marsit": lambda p: 2 * (p - 1),  # the ring all-reduce of the sign bits
-    # the vote counted along a ring where it moves fewer bits (3 ranks on), else an all-gather
-    "EFSignSGD": lambda p: 2 * (p - 1) if votes.ring_pays(p) else 1,
-    "SketchFusion": lambda p: 4 * (p - 1),  # two rings: the sketch, then the exact values
-    "PowerSGD": lambda p: 2,  # two MPI all-reduces: P, then Q
-    "TopK": lambda p: 1 + 4 * math.ceil(math.log2(p)),  # the counts, then the tree both ways
-    "BinSGDM": lambda p: 2 * (p - 1),  # one node: its intra-node stages
-}
-
-
-@pytest.mark.parametrize("name", sorted(ROUNDS))
+@pytest.mark.parametrize("name", sorted(expect.ROUNDS))
 @pytest.mark.parametrize("ranks", [2, 4, 8])
 def test_a_step_takes_the_methods_rounds(name, ranks):
     grads = _gradients({"w": (256, 256)}, ranks=ranks)
     _, ctxs = inprocess.run(_method(name), grads, steps=2)
     gathers = 2  # the scalars' all-gather of each step (inprocess.run)
-    assert max(c.stats.rounds for c in ctxs) == 2 * ROUNDS[name](ranks) + gathers
+    assert max(c.stats.rounds for c in ctxs) == 2 * expect.ROUNDS[name](ranks) + gathers

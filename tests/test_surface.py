@@ -40,7 +40,7 @@ def test_the_rates_tables_name_only_presets_and_horovods_baselines():
     known = {"none", "fp16", *registry.PRESETS}
     assert set(recipes.RATES) == known and set(expect.RATES) <= known
     assert set(recipes.NOT_BENCHMARKED) <= set(registry.PRESETS)
-    assert set(expect.EXPECT) == set(registry.METHODS)
+    assert set(expect.EXPECT) == set(expect.ROUNDS) == set(registry.METHODS)
 
 
 def test_registry_and_rates_reject_unknown_names_and_tasks():

@@ -57,6 +57,11 @@ def test_training_matches_uncompressed(uncompressed, name, min_ratio):
     assert r["memory_keys"] == want.state_keys(LARGE if want.small_exact else EVERY)
     assert r["stats"]["compressed_elements"] > 0.99 * r["stats"]["elements"]
     assert min(x["stats"]["ratio"] for x in res.values()) > min_ratio
+    # rounds per step: the agreement's all-gather, the scalars' (a method that has any), the
+    # method's own (tests/expect.py ROUNDS, one node of 4 ranks)
+    method = registry.METHODS[method_of(name)].Method
+    rounds = max(x["stats"]["rounds"] / x["stats"]["steps"] for x in res.values())
+    assert rounds == 1 + (method.n_scalars > 0) + expect.ROUNDS[method.name](4), rounds
 
 
 @shared
