@@ -189,19 +189,19 @@ def test_switch(monkeypatch):
 
 
 @pytest.mark.timeout(900)
-# Marsit (the sign kernels EF-signSGD shares) and BinSGDM (both legs); EF-signSGD's vote decode
-# and TopK's fused scan are compared bit for bit above, each launch here costs ~17 s of CI
+# Marsit (the sign kernels EF-signSGD shares) and BinSGDM (both legs), in one launch per path, on
+# 2 nodes of 2 ranks; EF-signSGD's vote decode and TopK's fused scan are compared bit for bit above
 @pytest.mark.parametrize("name", ["Marsit", "BinSGDM"])
 def test_training_is_bit_identical_with_either_path(name):
-    """4 real ranks, the stock horovod.torch optimizer, 5 epochs (55 steps): the run with the
-    fused kernels and the run with HVDCOMP_KERNELS=numpy end in the same model (accuracy and
-    loss to the last bit)."""
+    """4 real ranks (2 nodes: Marsit between the nodes, BinSGDM's both legs), the stock
+    horovod.torch optimizer, 5 epochs (55 steps): the run with the fused kernels and the run
+    with HVDCOMP_KERNELS=numpy end in the same model (accuracy and loss to the last bit)."""
     from conftest import train_digits
     from hvdcomp import registry
-    preset = registry.base_preset(name)
-    env = {"HVDCOMP_RANKS_PER_NODE": "2"} if name == "BinSGDM" else {}  # 2 nodes: both legs
-    fused = train_digits(preset, env={**env, kernels.ENV: "numba"}, epochs=5)
-    ref = train_digits(preset, env={**env, kernels.ENV: "numpy"}, epochs=5)
+    cases = tuple((registry.base_preset(m), 5) for m in ("Marsit", "BinSGDM"))
+    preset, env = registry.base_preset(name), {"HVDCOMP_RANKS_PER_NODE": "2"}
+    fused = train_digits(preset, env={**env, kernels.ENV: "numba"}, epochs=5, launched_with=cases)
+    ref = train_digits(preset, env={**env, kernels.ENV: "numpy"}, epochs=5, launched_with=cases)
     assert (fused[0]["acc"], fused[0]["loss"]) == (ref[0]["acc"], ref[0]["loss"])
 
 
