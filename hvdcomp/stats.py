@@ -8,8 +8,9 @@ class StepStats:
 
     ``bytes_sent``/``bytes_recv``: what this rank moved through hvdcomp's own MPI traffic,
     metadata included; ``rounds``: the exchanges it waited for one after another, each paying the
-    link's latency (``hvdcomp.comm.stats.CommStats``; the agreement's all-gather included). ``horovod_bytes``: what Horovod's own allreduce sends per rank for the
-    small tensors it sums for hvdcomp (``hvdcomp.engine.Entry.by_horovod``), computed as a ring
+    link's latency (``hvdcomp.comm.stats.CommStats``; the agreement's all-gather included).
+    ``horovod_bytes``: what Horovod's own allreduce sends per rank for the small tensors it sums
+    for hvdcomp (``hvdcomp.engine.Entry.by_horovod``), computed as a ring
     all-reduce's ``2 (size-1)/size * bytes`` (Horovod's traffic is not measured here).
     ``fp32_ring_bytes``: what a plain fp32 ring all-reduce of the same elements would send per
     rank, ``2 (size-1)/size * 4 * elements``. ``ratio`` is its quotient by ``bytes_sent +

@@ -122,7 +122,7 @@ class BatchedCompressor(GraphCalls):
     preconditioner = property(lambda self: self._current().preconditioner,
                               doc="The runtime's preconditioner (``hvdcomp.preconditioning``).")
 
-    # -- the method (hvdcomp.methods.contract.Method) --------------------------------------------------
+    # -- the method (hvdcomp.methods.contract.Method) -----------------------------------------
     def settings(self):
         """The method's own settings in use (``Method.settings``)."""
         return self._current().algorithm.settings()
