@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 sys.path.append(os.path.join(HERE, ".."))
 from digits import load_digits  # noqa: E402
 import expect  # noqa: E402  (tests/expect.py)
+from models import WithUnused  # noqa: E402  (tests/models.py)
 
 import hvdcomp  # noqa: E402
 import hvdcomp.ddp  # noqa: E402
@@ -217,17 +218,6 @@ def amp(method, steps, optimizer, data_):
     return {"equal": all(torch.equal(a, b) for a, b in zip(*trained))}
 
 
-class WithUnused(torch.nn.Module):
-    """The MLP beside a layer no step uses (DDP's ``find_unused_parameters=True``)."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net, self.unused = net, torch.nn.Linear(64, 64)
-
-    def forward(self, x):
-        return self.net(x)
-
-
 def graphs(method, steps, optimizer, data_):
     """DDP's ``static_graph=True``, and ``find_unused_parameters=True`` with a layer no step
     uses, each through the hook for ``steps`` steps: the eval loss before and after, the hook's
@@ -236,7 +226,7 @@ def graphs(method, steps, optimizer, data_):
     out = {}
     for variant in ("static", "unused"):
         ddp, opt = model_and_optimizer(optimizer, method)
-        net = ddp.module if variant == "static" else WithUnused(ddp.module)
+        net = ddp.module if variant == "static" else WithUnused(ddp.module, features=64)
         ddp = torch.nn.parallel.DistributedDataParallel(
             net, bucket_cap_mb=0.1, static_graph=variant == "static",
             find_unused_parameters=variant == "unused")

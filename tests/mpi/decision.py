@@ -49,6 +49,7 @@ from hvdcomp.comm.hierarchy import shard_bounds
 from report import cases, report
 from torch_common import (batch, build, compression_for, compressor_object, digest,
                           identical_across_ranks, load_digits_split, make_model)
+from models import WithUnused  # tests/models.py (torch_common puts tests/ on the path)
 
 # The probe settles 2 steps per switch (hvdcomp.decision) and observes every other step while
 # it probes (quiet steps): with retakes it can take 50-60 steps of this model.
@@ -346,17 +347,6 @@ def state_of(state, name):
     with the name; keys with '#' are a method's other parts), or None."""
     keys = [k for k in state if k.endswith(name) and "#" not in k]
     return state[keys[0]] if keys else None
-
-
-class WithUnused(torch.nn.Module):
-    """``inner`` beside a layer it never uses (whose gradient Horovod's optimizer zero-fills)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.unused = inner, torch.nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.inner(x)
 
 
 def aside(name, lr):
