@@ -108,8 +108,7 @@ def test_the_registry_imports_nothing_of_the_tests_or_the_benchmarks():
     assert not {m for m in imported if m.split(".")[0] in ("tests", "benchmarks", "conftest")}
 
 
-FRONT = ("hvdcomp.facade", "hvdcomp.frontends", "hvdcomp.ownership", "hvdcomp.registry",
-         "hvdcomp.ddp")
+FRONT = ("hvdcomp.facade", "hvdcomp.frontends", "hvdcomp.registry", "hvdcomp.ddp")
 
 
 def test_the_runtime_imports_nothing_of_the_front_ends():

@@ -37,10 +37,10 @@ import os
 import threading
 
 
-from hvdcomp import (bucketing, checks, hierarchical, loss_scale, ownership,
-                     preconditioning, validate)
+from hvdcomp import bucketing, checks, hierarchical, loss_scale, preconditioning, validate
 from hvdcomp.decision import DEFAULT_MODE as DEFAULT_DECISION, MODES as DECISIONS
 from hvdcomp.comm import world_rank, world_size
+from hvdcomp.facade import ownership
 from hvdcomp.facade.graph import GraphCalls
 from hvdcomp.facade.runtime import Runtimes
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError

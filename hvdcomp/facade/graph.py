@@ -9,7 +9,7 @@ decision's exchange window. ``BatchedCompressor`` inherits these calls.
 """
 import numpy as np
 
-from hvdcomp import ownership
+from hvdcomp.facade import ownership
 from hvdcomp.engine import Entry, pass_planned
 from hvdcomp.frontends import adapter_for
 from hvdcomp.frontends import numpy as np_adapter

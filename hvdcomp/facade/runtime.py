@@ -7,15 +7,16 @@ of the method (its settings; what it derives from the set, such as BinSGDM's nod
 momentum under SGD, its own), the preconditioner, the state store, the compress-or-pass
 decision, the step engine bound to the set's communicator, the step driver, the entries
 ``compress`` recorded since the step's last flush, and the owners of its state
-(``hvdcomp.ownership``). One compressor, the bare class's default instance included, thus
+(``hvdcomp.facade.ownership``). One compressor, the bare class's default instance included, thus
 serves every process set it is used in; each set's steps, statistics and checkpoint are its own.
 """
 import copy
 
 import numpy as np
 
-from hvdcomp import (bucketing, feedback, hierarchical, loss_scale, ownership, preconditioning,
-                     state, stepaside)
+from hvdcomp import (bucketing, feedback, hierarchical, loss_scale, preconditioning, state,
+                     stepaside)
+from hvdcomp.facade import ownership
 from hvdcomp.decision import Decision
 from hvdcomp.engine import QuietGrant, StepEngine
 from hvdcomp.errors import HvdcompError
