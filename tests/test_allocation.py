@@ -6,7 +6,7 @@ preconditioners included; what a step still allocates is message-sized (packed b
 lists, vote totals). A direct ``hvd.allreduce`` stays out of place."""
 import pytest
 
-from mpirun import results, run
+from mpirun import results, run, shared
 
 # (names, warm-up steps before the measured ones: past precondition='adam' and its dense warm-up)
 # SketchFusion: its default since issue 30 (5% of the elements) sends a sketch of 0.35 of the
@@ -27,11 +27,18 @@ LIMIT = 0.5
 LIMITS = {"sketchfusion-bare": 1.0}
 
 
+@shared
+def allocation_launch(warm):
+    """One launch of tests/mpi/steady_allocation.py on 2 ranks for every case of ``warm``."""
+    names = [n for case_names, w in CASES.values() if w == warm for n in case_names]
+    return run(2, "steady_allocation.py", *names, "--warm", warm, timeout=240)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_steady_step_allocates_no_full_size_array(case):
     names, warm = CASES[case]
-    by_rank = results(run(2, "steady_allocation.py", *names, "--warm", warm, timeout=240))
+    by_rank = results(allocation_launch(warm))
     assert sorted(by_rank) == [0, 1]
     for name in names:
         rows = [by_rank[r]["methods"][name] for r in (0, 1)]
