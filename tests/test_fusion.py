@@ -4,7 +4,7 @@ import pytest
 
 import hvdcomp
 from hvdcomp import bucketing
-from mpirun import results, run
+from mpirun import results, run, shared
 
 from conftest import SETTINGS
 from test_training import EPOCHS, TOLERANCE_ACC, TOLERANCE_LOSS, resume_launch
@@ -53,15 +53,29 @@ def test_fusion_arguments_are_checked():
 
 
 # -- real ranks -----------------------------------------------------------------------------
-@pytest.mark.timeout(450)
-@pytest.mark.parametrize("name", ["marsit-auto", "topk-auto"])
+AUTO = ["marsit-auto", "topk-auto"]
+
+
+def _base(name):
+    return name.replace("-auto", "") + ("-bare" if "topk" in name else "")
+
+
+@shared
+def auto_fusion_launch():
+    """One launch of tests/mpi/fusion_train.py on 4 ranks for every name of ``AUTO``, at its
+    base's rates and epochs: as tests/test_training.py trains it (TopK's default is at
+    0.906-0.97 after 20 epochs (rounding, and here the plan's buckets, decide), within the
+    tolerance after 30)."""
+    args = [a for name in AUTO
+            for a in (name, EPOCHS.get(_base(name), 20), *SETTINGS[_base(name)])]
+    return run(4, "fusion_train.py", *args, timeout=600)
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("name", AUTO)
 def test_auto_fusion_trains_like_uncompressed_with_one_plan(uncompressed, name):
-    base = name.replace("-auto", "") + ("-bare" if "topk" in name else "")
-    lr, momentum = SETTINGS[base]
-    # as tests/test_training.py trains it: TopK's default is at 0.906-0.97 after 20 epochs
-    # (rounding, and here the plan's buckets, decide), within the tolerance after 30
-    epochs = EPOCHS.get(base, 20)
-    res = results(run(4, "fusion_train.py", name, epochs, lr, momentum, timeout=360))
+    epochs = EPOCHS.get(_base(name), 20)
+    res = results(auto_fusion_launch(), case=name)
     assert sorted(res) == [0, 1, 2, 3]
     for r in res.values():
         assert r["identical_steps"] == r["steps"] == 11 * epochs and r["step"] == 11 * epochs
