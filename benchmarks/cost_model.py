@@ -76,7 +76,7 @@ def base(method):
 # How each method's bytes and message rounds grow with the world (the module docstring):
 # "ring", "two-rings" (SketchFusion), "two-allreduces" (PowerSGD: MPI's own,
 # hvdcomp.comm.mpi_allreduce), "tree" (TopK), "nodes" (BinSGDM), "votes" (EF-signSGD,
-# hvdcomp.methods.efsignsgd.votes); every method of hvdcomp.registry has one (tests/test_cost_model.py).
+# hvdcomp.methods.efsignsgd.votes); every method of hvdcomp.registry has one (benchmarks/tests/test_cost_model.py).
 LAWS = {"Marsit": "ring", "BinSGDM": "nodes", "TopK": "tree", "SketchFusion": "two-rings",
         "EFSignSGD": "votes", "PowerSGD": "two-allreduces"}
 

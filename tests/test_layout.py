@@ -2,7 +2,8 @@
 hvdcomp/ over 250 lines, no function over 60; every public method is a folder of
 hvdcomp/methods/ that implements the method contract and imports nothing above it; no import
 cycle between hvdcomp's modules (function-local imports included); the registry imports nothing
-of the tests or the benchmarks."""
+of the tests or the benchmarks, and the tests import no benchmark script (they may run one; the
+scripts' own tests are in benchmarks/tests/)."""
 import ast
 import pathlib
 
@@ -107,6 +108,23 @@ def test_no_import_cycle_between_hvdcomps_modules():
 def test_the_registry_imports_nothing_of_the_tests_or_the_benchmarks():
     imported = _imports(MODULES["hvdcomp.registry"])
     assert not {m for m in imported if m.split(".")[0] in ("tests", "benchmarks", "conftest")}
+
+
+def test_the_tests_import_no_benchmark_script():
+    """No module under tests/ puts benchmarks/ on its import path or imports from it."""
+    tests = pathlib.Path(__file__).parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            reaches = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                       and ast.unparse(node.func.value) == "sys.path"
+                       and "benchmarks" in ast.unparse(node))
+            imports = (isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "benchmarks")) or (isinstance(node, ast.Import) and any(
+                    a.name.startswith("benchmarks") for a in node.names))
+            if reaches or imports:
+                found.append(f"{path.relative_to(tests.parent)}:{node.lineno}")
+    assert not found, found
 
 
 def test_the_runtime_imports_nothing_of_the_front_ends():

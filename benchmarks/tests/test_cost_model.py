@@ -1,13 +1,9 @@
 """benchmarks/cost_model.py's fit and pooling (pure functions; no MPI)."""
 import json
-import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import cost_model  # noqa: E402
+import cost_model
 
 
 def test_fit_recovers_the_coefficients_of_exact_points_and_bounds_the_largest_error():
