@@ -37,7 +37,7 @@ import hvdcomp  # noqa: E402
 import hvdcomp.backend.topk as sel  # noqa: E402
 from hvdcomp.methods.topk.math import target_count  # noqa: E402
 from hvdcomp.comm import get_context  # noqa: E402
-from hvdcomp.frontends.numpy import named  # noqa: E402
+from hvdcomp.facade.frontends.numpy import named  # noqa: E402
 from hvdcomp.methods.topk.method import exchange  # noqa: E402
 
 

@@ -23,10 +23,10 @@ from hvdcomp.loss_scale import set_loss_scale
 
 globals().update(_registry.METHODS)  # hvdcomp.Marsit, ...: the Horovod compressor of each method
 
-if "torch" in _sys.modules:  # else at the first torch gradient (hvdcomp.frontends.torch)
+if "torch" in _sys.modules:  # else at the first torch gradient (hvdcomp.facade.frontends.torch)
     _loss_scale.watch_grad_scalers()
 if "horovod.torch" in _sys.modules:  # hvd.join() raises instead of hanging (ibid.)
-    from hvdcomp.frontends import torch as _torch_frontend  # noqa: F401
+    from hvdcomp.facade.frontends import torch as _torch_frontend  # noqa: F401
 
 DEFAULT = _registry.METHODS["Marsit"]
 

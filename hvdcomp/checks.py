@@ -145,7 +145,7 @@ def agree(ctx, entries, who, step, setup, loss_scale=1.0, window=0.0, dense=0):
 
 
 def announce_join(ctx):
-    """What a rank entering ``hvd.join()`` does first (``hvdcomp.frontends.torch``): one
+    """What a rank entering ``hvd.join()`` does first (``hvdcomp.facade.frontends.torch``): one
     all-gather shaped like ``agree``'s header, which a rank still training meets in its next
     step's ``agree`` (or ``confirm_op_refusal``). Returns when every rank has joined; else
     ``JoinError`` here and, from the same all-gather, on the ranks still training."""

@@ -39,7 +39,7 @@ from hvdcomp.engine import Entry
 from hvdcomp.errors import HvdcompError
 from hvdcomp.facade import BatchedCompressor
 from hvdcomp.facade.runtime import Runtime
-from hvdcomp.frontends import Identity, adapter_for
+from hvdcomp.facade.frontends import Identity, adapter_for
 
 FORMAT = "hvdcomp-ddp-1"
 

@@ -10,7 +10,7 @@ What is decided: a size threshold. A tensor of at least ``threshold`` elements i
 a smaller one is *passed*: summed exactly (its dtype, float32 or float64) by Horovod's own
 allreduce where ``compress()`` can hand it over (``hvdcomp.facade.horovod_sums``: torch
 optimizers, one batch per step; TensorFlow's float32 gradients through the step's plan,
-``hvdcomp.frontends.tensorflow.StepBatch``), else by one MPI all-reduce in the step
+``hvdcomp.facade.frontends.tensorflow.StepBatch``), else by one MPI all-reduce in the step
 (``hvdcomp.engine``).
 Candidates: every tensor the method would compress (``min_compress_numel``), only the largest
 tensors that hold half of the step's elements, none (every gradient passed), and, where Horovod
@@ -30,7 +30,7 @@ before the gradients reach Horovod, or where it has none, the start of the step'
 its last result handed back by ``decompress()`` (after Horovod's wait for its own allreduces; for
 a graph front end, its last per-gradient op that hands a result back,
 ``BatchedCompressor.handed_over``: every compressed result's, and one that waits for every
-gradient Horovod sums, ``hvdcomp.frontends.tensorflow.StepBatch.hands_over``), taken on
+gradient Horovod sums, ``hvdcomp.facade.frontends.tensorflow.StepBatch.hands_over``), taken on
 every rank and agreed as the slowest rank's (it rides the next step's agreement all-gather,
 ``hvdcomp.checks.agree``). Everything a candidate changes is in it: the
 rest of the backward pass and the overlap of Horovod's allreduce with it, the wait for that

@@ -42,7 +42,7 @@ class SetupMismatchError(RankMismatchError):
 
 class UnnamedTensorError(HvdcompError):
     """A tensor reached a compressor with no name to keep its state under (e.g. hvd.allreduce
-    without ``name=``): see ``hvdcomp.frontends.naming``."""
+    without ``name=``): see ``hvdcomp.facade.frontends.naming``."""
     # Exception's own __init__: AutoGraph then re-raises it from inside a tf.function as this
     # class (with its "in user code" trace), not as a generic StagingError.
     __init__ = Exception.__init__

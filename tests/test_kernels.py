@@ -307,7 +307,7 @@ def test_finite_at_address_matches_numpy(n, dtype):
     tensor's address (once the kernel is loaded, as the step engine loads it)."""
     from hvdcomp.kernels.finite import all_finite_at
     torch = pytest.importorskip("torch")
-    from hvdcomp.frontends import torch as adapter
+    from hvdcomp.facade.frontends import torch as adapter
     kernels.warm("finite")
 
     def finite(x):

@@ -46,7 +46,7 @@ def test_every_public_method_implements_the_contract_and_knows_nothing_of_horovo
 # What a method, or the sign message that methods share, may not import: Horovod, the
 # frameworks' front ends, the facade, the engine and what drives it, the registry.
 # The front ends: Horovod's facade, the frameworks' adapters, the registry, the DDP hook.
-FRONT = ("hvdcomp.facade", "hvdcomp.frontends", "hvdcomp.registry", "hvdcomp.ddp")
+FRONT = ("hvdcomp.facade", "hvdcomp.registry", "hvdcomp.ddp")
 ABOVE_A_METHOD = ("horovod", *FRONT, "hvdcomp.engine", "hvdcomp.decision", "hvdcomp.bucketing",
                   "hvdcomp.hierarchical")
 
@@ -136,3 +136,16 @@ def test_the_runtime_imports_nothing_of_the_front_ends():
     upward = {f"{name} imports {m}" for name, p in runtime.items() for m in _imports(p)
               if m.startswith(FRONT) or m.split(".")[0] == "horovod"}
     assert not upward, sorted(upward)
+
+
+def test_horovod_is_reached_from_the_facade_package_alone():
+    """The Horovod facade is one package: the compressor, the front ends and their naming,
+    ownership and the version check live in hvdcomp/facade/, and no module outside it imports
+    Horovod."""
+    facade = {name for name in MODULES if name.startswith("hvdcomp.facade")}
+    assert {"hvdcomp.facade.compressor", "hvdcomp.facade.ownership",
+            "hvdcomp.facade.horovod_version", "hvdcomp.facade.frontends.torch",
+            "hvdcomp.facade.frontends.tensorflow", "hvdcomp.facade.frontends.naming"} <= facade
+    outside = {f"{name} imports {m}" for name, p in MODULES.items() if name not in facade
+               for m in _imports(p) if m.split(".")[0] == "horovod"}
+    assert not outside, sorted(outside)

@@ -1,4 +1,4 @@
-"""Tensor naming (hvdcomp.frontends.naming and the adapters' ``callers()`` tables): the lookup
+"""Tensor naming (hvdcomp.facade.frontends.naming and the adapters' ``callers()`` tables): the lookup
 as pure functions, then on real ranks with Horovod's own wrappers (rank scripts
 tests/mpi/naming_torch.py and naming_tf.py): state keys equal the parameter / variable names on
 every Horovod path (default, num_groups, groups), named direct calls keep separate state, and
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import hvdcomp
-from hvdcomp.frontends import Identity, naming
-from hvdcomp.frontends import torch as torch_adapter
-from hvdcomp.frontends.numpy import named
+from hvdcomp.facade.frontends import Identity, naming
+from hvdcomp.facade.frontends import torch as torch_adapter
+from hvdcomp.facade.frontends.numpy import named
 from mpirun import results, run
 
 
@@ -100,7 +100,7 @@ def test_numpy_arrays_are_named_explicitly():
 
 def test_tensorflow_gradient_row_names_variables():
     pytest.importorskip("horovod.tensorflow")
-    from hvdcomp.frontends import tensorflow as tf_adapter
+    from hvdcomp.facade.frontends import tensorflow as tf_adapter
     g1, g2 = object(), object()
     vars_ = [SimpleNamespace(name="kernel:0"), SimpleNamespace(name="kernel:0"),
              SimpleNamespace(name="u:0"), SimpleNamespace(name="v:0")]

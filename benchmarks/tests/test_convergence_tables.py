@@ -1,9 +1,13 @@
-"""benchmarks/convergence.py's timing order and time-to-target tables (pure functions; no MPI)."""
+"""benchmarks/convergence.py's timing order and time-to-target tables (pure functions; no MPI).
+Each test imports the script itself: importing it puts benchmarks/ and examples/ first on the
+path, which must not happen while pytest still collects tests/ (tests/models.py)."""
 import math
+import os
+import sys
 
 import pytest
 
-from convergence import add_times, time_table, timing_order
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 
 
 @pytest.mark.parametrize("count", [2, 5, 8])
@@ -12,6 +16,7 @@ def test_timing_rounds_put_every_configuration_at_every_place_once_after_new_one
     as configurations, each runs once at each place, and a round holds each once; no
     configuration follows the same one in every round (a rotation kept every run's
     predecessor), and with an even count it follows each other one exactly once."""
+    from convergence import timing_order
     every = ["none", "fp16", "marsit", "topk", "sketchfusion", "efsignsgd", "powersgd",
              "ceiling"][:count]
     rounds = [timing_order(every, k) for k in range(len(every))]
@@ -31,6 +36,7 @@ def test_the_time_to_the_target_is_the_timed_runs_seconds_to_that_step():
     reaches it, plus the setup; a first step that is most of the job counts once, not spread
     over every step as steps x the mean step would. Records without them keep that estimate. The
     step time is the one held past the first point (the whole run's mean in older records)."""
+    from convergence import add_times
 
     def run(method, first, step, setup=0.0, timed=True):  # 4 points of 10 steps each
         curve = [{"step": 10 * k, **({"seconds": first + (10 * k - 1) * step} if timed else {})}
@@ -63,6 +69,7 @@ def test_each_round_is_compared_with_the_baselines_run_of_the_same_round():
     for the whole run, matched by the records' round whatever their order; a round that one side
     lacks (a failed run) is left out; a method that does not reach the quality still gets its
     whole runs' ratios. In the table: the per-round range beside the median ratio."""
+    from convergence import add_times, time_table
 
     def run(method, k, first, step, setup=0.0):  # 4 points of 10 steps each, round k
         curve = [{"step": 10 * j, "seconds": first + (10 * j - 1) * step} for j in (1, 2, 3, 4)]

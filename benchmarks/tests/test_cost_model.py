@@ -1,9 +1,14 @@
-"""benchmarks/cost_model.py's fit and pooling (pure functions; no MPI)."""
+"""benchmarks/cost_model.py's fit and pooling (pure functions; no MPI). benchmarks/ goes at the
+end of the path: tests/ has modules of the same names as some scripts (models), which stay the
+tests' own when both folders are collected together (``make test``)."""
 import json
+import os
+import sys
 
 import numpy as np
 
-import cost_model
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cost_model  # noqa: E402
 
 
 def test_fit_recovers_the_coefficients_of_exact_points_and_bounds_the_largest_error():

@@ -2,7 +2,7 @@
 
 How a step flows (PyTorch's stock ``hvd.DistributedOptimizer``; the same for ``hvd.allreduce``):
 
-1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.frontends``) and
+1. ``compress(grad)`` records the gradient under its Horovod name (``hvdcomp.facade.frontends``) and
    returns a 2-element placeholder (``checks.placeholder_values``) that Horovod all-reduces in
    place of the gradient; a small tensor from a torch optimizer it returns as it is, for
    Horovod's own allreduce to sum (``horovod_sums``; for a method that steps aside, its message
@@ -21,7 +21,7 @@ The step driver (``hvdcomp.bucketing.StepDriver``) cuts the step into batches: o
 default, or with LayerFusion (``fusion='auto'``/``'layerwise'``) buckets reduced by a background
 thread while the backward pass runs; errors keep whole-step semantics. Graph front ends
 (TensorFlow) call ``reduce_batch_now`` once per step instead, with the step's gradients as one
-batch through the same driver (``hvdcomp.facade.graph``, ``hvdcomp.frontends.tensorflow``).
+batch through the same driver (``hvdcomp.facade.graph``, ``hvdcomp.facade.frontends.tensorflow``).
 
 A method (``hvdcomp.methods.contract.Method``) knows none of this: ``compressor_class(Method)`` makes its
 Horovod compressor, a ``BatchedCompressor`` that takes the method's own arguments and the common
@@ -44,7 +44,7 @@ from hvdcomp.facade import ownership
 from hvdcomp.facade.graph import GraphCalls
 from hvdcomp.facade.runtime import Runtimes
 from hvdcomp.errors import HvdcompError, JoinError, UnsupportedOpError
-from hvdcomp.frontends import adapter_for
+from hvdcomp.facade.frontends import adapter_for
 
 log = logging.getLogger("hvdcomp")
 DEFAULT_MIN_COMPRESS_NUMEL = 1024

@@ -1,6 +1,6 @@
 """What the graph front ends call on a compressor, beside Horovod's ``Compressor`` protocol.
 
-TensorFlow's ``tf.function`` and Keras steps (``hvdcomp.frontends.tensorflow``) and a direct
+TensorFlow's ``tf.function`` and Keras steps (``hvdcomp.facade.frontends.tensorflow``) and a direct
 allreduce of a host array cannot wait for a later ``decompress`` to flush the step: they hand the
 step's arrays over as one batch and take the results at once (``reduce_batch_now``,
 ``reduce_now``), after asking which tensors Horovod's own allreduce sums this step
@@ -11,8 +11,8 @@ import numpy as np
 
 from hvdcomp.facade import ownership
 from hvdcomp.engine import Entry, pass_planned
-from hvdcomp.frontends import adapter_for
-from hvdcomp.frontends import numpy as np_adapter
+from hvdcomp.facade.frontends import adapter_for
+from hvdcomp.facade.frontends import numpy as np_adapter
 
 
 class GraphCalls:

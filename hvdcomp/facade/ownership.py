@@ -2,7 +2,7 @@
 Horovod process set it reduces over, and the optimizers whose parameter lists the ranks agreed
 on. ``hvdcomp.facade.BatchedCompressor.compress`` consults the ``Ownership`` of the tensor's
 process set (one per ``hvdcomp.facade.runtime.Runtime``) with each tensor's
-``hvdcomp.frontends.Identity`` and acts on the answer."""
+``hvdcomp.facade.frontends.Identity`` and acts on the answer."""
 import gc
 import weakref
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import hvdcomp
 from hvdcomp.methods.binsgdm import math as alg
-from hvdcomp.frontends.numpy import named
+from hvdcomp.facade.frontends.numpy import named
 from report import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""Rank script: tensor naming with horovod.tensorflow (hvdcomp.frontends.naming).
+"""Rank script: tensor naming with horovod.tensorflow (hvdcomp.facade.frontends.naming).
 
 DistributedGradientTape inside tf.function, default path, ``num_groups=2`` and ``groups=``, and
 the Keras DistributedOptimizer, 3 steps each with TopK on every tensor: the compressor's state
@@ -17,7 +17,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 import hvdcomp  # noqa: E402
-from hvdcomp.frontends import tensorflow as adapter  # noqa: E402
+from hvdcomp.facade.frontends import tensorflow as adapter  # noqa: E402
 from report import report  # noqa: E402
 
 hvd.init()

@@ -1,4 +1,4 @@
-"""Rank script: tensor naming with horovod.torch (hvdcomp.frontends.naming).
+"""Rank script: tensor naming with horovod.torch (hvdcomp.facade.frontends.naming).
 
 Case ``paths``: the stock DistributedOptimizer, its default path, ``num_groups=2`` and
 ``groups=[[...], [...]]``, 3 steps each with TopK on every tensor: the compressor's state keys
@@ -13,7 +13,7 @@ import torch
 
 import horovod.torch as hvd
 import hvdcomp
-from hvdcomp.frontends import torch as adapter
+from hvdcomp.facade.frontends import torch as adapter
 from report import report
 from torch_common import digest, identical_across_ranks
 

@@ -1,5 +1,5 @@
 """Rank script (2 ranks): bad input through DistributedGradientTape in a tf.function, where a
-step's gradients are reduced as one batch (hvdcomp.frontends.tensorflow.StepBatch). Arg: method
+step's gradients are reduced as one batch (hvdcomp.facade.frontends.tensorflow.StepBatch). Arg: method
 (a class of hvdcomp/registry.py). Reports, per rank:
 - nan_error: the error message of a step whose gradient is NaN on the last rank only
   (on_nonfinite='raise'), or None;

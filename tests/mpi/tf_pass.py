@@ -1,5 +1,5 @@
 """Rank script (2 ranks): TensorFlow gradients that the decision passes go through Horovod's own
-allreduce in the traced step (``hvdcomp.frontends.tensorflow.StepBatch.plan_op``). The digits
+allreduce in the traced step (``hvdcomp.facade.frontends.tensorflow.StepBatch.plan_op``). The digits
 MLP trains 70 steps through ``hvd.DistributedGradientTape`` in a ``tf.function`` (SGD momentum
 0.9) under Horovod's own ``Compression.none``, then under ``Marsit(decision='pass')``,
 ``Marsit(decision='pass', on_nonfinite='skip')`` and ``Marsit(decision='compress')``, and last

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdcomp
-from hvdcomp.frontends.numpy import named
+from hvdcomp.facade.frontends.numpy import named
 from report import report
 
 world = MPI.COMM_WORLD

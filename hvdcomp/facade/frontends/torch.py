@@ -14,8 +14,8 @@ import torch
 
 from hvdcomp import checks, comm, kernels, loss_scale
 from hvdcomp.backend import xp
-from hvdcomp.frontends.identity import Identity
-from hvdcomp.frontends.naming import Caller, code_of, find, group_member, position, unnamed
+from hvdcomp.facade.frontends.identity import Identity
+from hvdcomp.facade.frontends.naming import Caller, code_of, find, group_member, position, unnamed
 
 loss_scale.watch_grad_scalers(scan=True)  # AMP's GradScaler: each step's loss scale
 
@@ -33,7 +33,7 @@ _BY_CODE = {}  # the rows of callers() by the code object each matches (tensor_i
 
 def callers():
     """The table of horovod.torch (0.28.1) functions that call ``compress()``, and the locals
-    each row reads (``hvdcomp.frontends.naming``). Only ``allreduce`` and ``grouped_allreduce``
+    each row reads (``hvdcomp.facade.frontends.naming``). Only ``allreduce`` and ``grouped_allreduce``
     take ``compression=`` among the direct calls (``allreduce_async``, ``allreduce_``,
     ``grouped_allreduce_async`` ... take none, so they never reach a compressor)."""
     global _CALLERS

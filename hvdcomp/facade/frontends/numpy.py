@@ -8,8 +8,8 @@ No Horovod call stands above a direct ``compress()``, so a host array is named e
 import numpy as np
 
 from hvdcomp.backend import xp
-from hvdcomp.frontends.identity import Identity
-from hvdcomp.frontends.naming import unnamed
+from hvdcomp.facade.frontends.identity import Identity
+from hvdcomp.facade.frontends.naming import unnamed
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -38,7 +38,7 @@ def tensor_identity(tensor, method):
     if not isinstance(name, str):
         a = np.asarray(tensor)
         raise unnamed(method, a.shape, a.dtype, advice=(
-            "Name a host array explicitly: comp.compress(hvdcomp.frontends.numpy.named(array, "
+            "Name a host array explicitly: comp.compress(hvdcomp.facade.frontends.numpy.named(array, "
             "'w'))"))
     return Identity(name)
 

@@ -1,10 +1,10 @@
-"""Which tensor ``compress()`` was handed: an explicit ``Identity`` (``hvdcomp.frontends``) read
+"""Which tensor ``compress()`` was handed: an explicit ``Identity`` (``hvdcomp.facade.frontends``) read
 from a table of the Horovod functions that call compressors, or ``UnnamedTensorError``.
 
 Horovod's ``Compressor`` protocol passes ``compress()`` the tensor alone, but hvdcomp keeps
 per-tensor state (error feedback, momentum, preconditioner moments) under the tensor's name, which
 must be the same on every rank and distinct per tensor. Each framework adapter therefore lists,
-in one table (``callers()`` in ``hvdcomp.frontends.torch`` and ``hvdcomp.frontends.tensorflow``),
+in one table (``callers()`` in ``hvdcomp.facade.frontends.torch`` and ``hvdcomp.facade.frontends.tensorflow``),
 the Horovod functions it serves and which of their locals hold the name, the parameter, the
 process set and the optimizer. The lookup walks up a bounded number of frames from
 ``compress()``, matches a frame to a row by the function itself (its code object; for
@@ -13,7 +13,7 @@ TensorFlow, the module and the function name, since AutoGraph re-compiles Horovo
 frame's position in the stack, never through a comprehension's own frame (Python 3.12 inlines
 comprehensions, PEP 709), never by arrival order. A tensor that no row claims, or a direct call
 without ``name=``, raises ``UnnamedTensorError`` on the rank that made it. NumPy arrays (direct
-use) are named explicitly (``hvdcomp.frontends.numpy.named``).
+use) are named explicitly (``hvdcomp.facade.frontends.numpy.named``).
 """
 import threading
 from typing import Callable, NamedTuple

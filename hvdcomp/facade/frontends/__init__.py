@@ -4,7 +4,7 @@ An adapter answers, for one tensor: its name as the framework's Horovod integrat
 a flat working array for the backend, the 1-element placeholder that travels through Horovod's
 own allreduce, and how to turn a backend result back into a tensor like the input.
 """
-from hvdcomp.frontends.identity import Identity
+from hvdcomp.facade.frontends.identity import Identity
 
 __all__ = ["Identity", "adapter_for"]
 
@@ -15,11 +15,11 @@ def adapter_for(tensor):
     if adapter is None:
         mod = type(tensor).__module__
         if mod.startswith("torch"):
-            from hvdcomp.frontends import torch as adapter
+            from hvdcomp.facade.frontends import torch as adapter
         elif mod.startswith("tensorflow"):
-            from hvdcomp.frontends import tensorflow as adapter
+            from hvdcomp.facade.frontends import tensorflow as adapter
         else:
-            from hvdcomp.frontends import numpy as adapter
+            from hvdcomp.facade.frontends import numpy as adapter
         _ADAPTERS[type(tensor)] = adapter
     return adapter
 

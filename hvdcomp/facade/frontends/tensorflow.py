@@ -23,7 +23,7 @@ stateful ops in program order (automatic control dependencies), so hvdcomp's col
 trace order, the same on every rank. TF1-style graphs run by ``tf.compat.v1.Session`` (no
 automatic control dependencies) are not supported.
 
-Naming (``callers()``, ``hvdcomp.frontends.naming``): state is keyed by the variable's name (read
+Naming (``callers()``, ``hvdcomp.facade.frontends.naming``): state is keyed by the variable's name (read
 from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
 direct calls need ``name=``.
 """
@@ -41,9 +41,9 @@ import tensorflow as tf
 from hvdcomp import checks, loss_scale, preconditioning
 from hvdcomp.engine import SUMMED, HorovodSum
 from hvdcomp.errors import UnsupportedTensorError
-from hvdcomp.frontends.identity import Identity
-from hvdcomp.frontends import numpy as np_adapter
-from hvdcomp.frontends.naming import Caller, group_member, locate, position, unnamed
+from hvdcomp.facade.frontends.identity import Identity
+from hvdcomp.facade.frontends import numpy as np_adapter
+from hvdcomp.facade.frontends.naming import Caller, group_member, locate, position, unnamed
 
 DEFERRED = True
 
@@ -66,7 +66,7 @@ def _in(module, name):
 
 def callers():
     """The table of horovod.tensorflow (0.28.1) functions that call ``compress()`` or stand
-    above such a call, and the locals each row reads (``hvdcomp.frontends.naming``); looked up
+    above such a call, and the locals each row reads (``hvdcomp.facade.frontends.naming``); looked up
     in this order (``tensor_identity``):
 
     1. the call itself, ``allreduce`` or ``grouped_allreduce``, holding the tensor;
