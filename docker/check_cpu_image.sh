@@ -146,15 +146,28 @@ else
   log "base image $BASE_IMAGE imported ($(( $(date +%s) - s )) s, $(d image inspect -f '{{.Size}}' "$BASE_IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"
 fi
 
-# 3. pip's sources for the build: this machine's index (http/https only), and a torch CPU wheel
-#    from this machine's find-links directories, offered as a one-package index on 127.0.0.1.
+# 3. pip's sources for the build: this machine's indexes, file:// ones served over http on
+#    127.0.0.1 (a build cannot read the host's disk); torch: the Dockerfile's CPU build where a
+#    wheel of it is in find-links or its index answers, else PyPI's torch (a CUDA build, larger).
 BUILD_ARGS=(--build-arg "BASE=$BASE_IMAGE")
 pipconf() { python3 -m pip config list 2>/dev/null | sed -n "s/^[a-z:]*\.$1='\(.*\)'$/\1/p" | head -n1; }
+mkdir -p "$WORK/index"
+SERVED=0
+serve() {  # serve FILE_URL: URL becomes the http URL of a file:// index (its parent folder served)
+  local dir="${1#file://}"; dir="${dir%/}"
+  URL=""
+  [ -d "$dir" ] || return 0
+  ln -sfn "$(dirname "$dir")" "$WORK/index/i$SERVED"
+  URL="http://127.0.0.1:@PORT@/i$SERVED/$(basename "$dir")"
+  SERVED=$((SERVED + 1))
+}
 INDEX="${PIP_INDEX_URL:-$(pipconf index-url)}"
-[[ "$INDEX" == http* ]] && BUILD_ARGS+=(--build-arg "PIP_INDEX_URL=$INDEX")
+if [[ "$INDEX" == file://* ]]; then serve "$INDEX"; INDEX="$URL"; fi
 EXTRA=""
-for u in ${PIP_EXTRA_INDEX_URL:-$(pipconf extra-index-url)}; do [[ "$u" == http* ]] && EXTRA+="$u "; done
-[ -z "$EXTRA" ] || BUILD_ARGS+=(--build-arg "PIP_EXTRA_INDEX_URL=${EXTRA% }")
+for u in ${PIP_EXTRA_INDEX_URL:-$(pipconf extra-index-url)}; do
+  if [[ "$u" == file://* ]]; then serve "$u"; u="$URL"; fi
+  [[ "$u" == http* ]] && EXTRA+="$u "
+done
 TRUSTED="${PIP_TRUSTED_HOST:-$(pipconf trusted-host)}"
 [ -z "$TRUSTED" ] || BUILD_ARGS+=(--build-arg "PIP_TRUSTED_HOST=$TRUSTED")
 # The CA bundle this machine's pip verifies TLS with (a proxy's CA may be in it): a build secret.
@@ -163,26 +176,38 @@ if [ -n "$CERT" ] && [ -s "$CERT" ]; then
   BUILD_ARGS+=(--secret "id=pip_cert,src=$CERT")
   log "pip in the build verifies TLS with this machine's CA bundle $CERT (build secret, not in the image)"
 fi
+TORCH_CPU="$(sed -n 's/^ARG TORCH_SPEC=torch==//p' "$ROOT/docker/Dockerfile.cpu")"
 TORCH_WHEEL=""
 for dir in ${PIP_FIND_LINKS:-} $(pipconf find-links); do
   dir="${dir#file://}"
   [ -d "$dir" ] || continue
-  TORCH_WHEEL=$(ls "$dir"/torch-2.13.0+cpu-cp311-cp311-*linux*_x86_64.whl 2>/dev/null | head -n1 || true)
+  TORCH_WHEEL=$(ls "$dir"/torch-"$TORCH_CPU"-cp311-cp311-*linux*_x86_64.whl 2>/dev/null | head -n1 || true)
   [ -z "$TORCH_WHEEL" ] || break
 done
 if [ -n "$TORCH_WHEEL" ]; then
-  mkdir -p "$WORK/index/simple/torch"
-  ln -sf "$TORCH_WHEEL" "$WORK/index/simple/torch/"
+  mkdir -p "$WORK/index/torchcpu/simple/torch"
+  ln -sf "$TORCH_WHEEL" "$WORK/index/torchcpu/simple/torch/"
+  BUILD_ARGS+=(--build-arg "TORCH_INDEX_URL=http://127.0.0.1:@PORT@/torchcpu/simple")
+  TORCH_FROM="$(basename "$TORCH_WHEEL") from this machine's find-links"
+elif curl -sfI --max-time 10 "$(sed -n 's/^ARG TORCH_INDEX_URL=//p' "$ROOT/docker/Dockerfile.cpu")/torch/" >/dev/null 2>&1; then
+  TORCH_FROM="torch==$TORCH_CPU from the Dockerfile's default index"
+else
+  BUILD_ARGS+=(--build-arg "TORCH_SPEC=torch==${TORCH_CPU%+cpu}" --build-arg "TORCH_INDEX_URL=")
+  TORCH_FROM="torch==${TORCH_CPU%+cpu} from the package index (PyTorch's CPU index unreachable: PyPI's Linux build, with CUDA libraries)"
+fi
+HTTP_PORT=""
+if [ -n "$TORCH_WHEEL" ] || [ "$SERVED" -gt 0 ]; then
   python3 -u -m http.server 0 --bind 127.0.0.1 --directory "$WORK/index" >"$WORK/http.log" 2>&1 &
   HTTP_PID=$!
   for _ in $(seq 20); do grep -q 'port [0-9]' "$WORK/http.log" && break; sleep 0.5; done
   HTTP_PORT=$(grep -oE 'port [0-9]+' "$WORK/http.log" | head -n1 | cut -d' ' -f2)
-  [ -n "$HTTP_PORT" ] || die "http server for the torch wheel did not start"
-  BUILD_ARGS+=(--build-arg "TORCH_INDEX_URL=http://127.0.0.1:$HTTP_PORT/simple")
-  log "torch: $(basename "$TORCH_WHEEL") from this machine's find-links, as index http://127.0.0.1:$HTTP_PORT/simple"
-else
-  log "torch: the Dockerfile's default index (download.pytorch.org/whl/cpu)"
+  [ -n "$HTTP_PORT" ] || die "http server for the local package indexes did not start"
 fi
+INDEX="${INDEX//@PORT@/$HTTP_PORT}"; EXTRA="${EXTRA//@PORT@/$HTTP_PORT}"
+BUILD_ARGS=("${BUILD_ARGS[@]//@PORT@/$HTTP_PORT}")
+[[ "$INDEX" == http* ]] && BUILD_ARGS+=(--build-arg "PIP_INDEX_URL=$INDEX")
+[ -z "$EXTRA" ] || BUILD_ARGS+=(--build-arg "PIP_EXTRA_INDEX_URL=${EXTRA% }")
+log "torch: $TORCH_FROM"
 log "pip in the build: index ${INDEX:-PyPI (pip default)}${EXTRA:+, extra $EXTRA}"
 
 build() {  # build LABEL CONTEXT: timed, log in $WORK/build-LABEL.log
@@ -243,7 +268,10 @@ log "containers up: $(for i in "${!NODES[@]}"; do printf '%s (sshd %s:%s) ' "${N
 
 HVDRUN=(horovodrun -np 4 -H node1:2,node2:2 --network-interface lo --mpi
         --mpi-args="-mca oob_tcp_if_include lo -mca mpi_yield_when_idle 1")
-JOBENV=(-e OMP_NUM_THREADS=1 -e MKL_NUM_THREADS=1 -e TF_CPP_MIN_LOG_LEVEL=2 -e PYTHONUNBUFFERED=1)
+# HVDCOMP_DECISION=compress, as make demo: on loopback passing would win the measured decision,
+# and the job is to show the compressed path.
+JOBENV=(-e OMP_NUM_THREADS=1 -e MKL_NUM_THREADS=1 -e TF_CPP_MIN_LOG_LEVEL=2 -e PYTHONUNBUFFERED=1
+        -e HVDCOMP_DECISION=compress)
 log "where the ranks run: ${HVDRUN[*]} hostname"
 d exec "${JOBENV[@]}" "$PREFIX-node1" "${HVDRUN[@]}" hostname | sort | tee "$WORK/placement.txt" >&2
 [ "$(grep -c 'node1$' "$WORK/placement.txt")" = 2 ] && [ "$(grep -c 'node2$' "$WORK/placement.txt")" = 2 ] \
@@ -255,6 +283,7 @@ d exec "${JOBENV[@]}" "$PREFIX-node1" timeout 1200 "${HVDRUN[@]}" \
   || die "the training job failed"
 log "training job: $(( $(date +%s) - s )) s"
 grep -q 'weights identical on all ranks: True' "$WORK/job.log" || die "weights not identical on all ranks"
+grep 'epoch ' "$WORK/job.log" | tail -n 1 | grep -qv ' 1\.0x less' || die "the job's last epoch was not compressed"
 
 # 5. A part of the test suite, inside the image (node1's container, ranks local to it).
 log "tests in the image: pytest $TESTS"
