@@ -171,7 +171,11 @@ restore_template || install_stack
 # 4. hvdcomp itself, editable.
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
-"$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, numba, hvdcomp'
+# The stack imports; TensorFlow's start-up lines (absl, oneDNN, CUDA stubs) shown only on failure.
+if ! out="$("$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow, mpi4py, numba, hvdcomp' 2>&1)"; then
+  echo "$out" >&2
+  exit 1
+fi
 warm_kernels
 log "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 echo "$STAMP_WANT" > "$STAMP"
