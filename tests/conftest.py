@@ -17,9 +17,9 @@ os.environ.setdefault("HVDCOMP_DECISION", "compress")
 # tf.keras as Keras 2 (tf-keras), here and in the ranks, as scripts/mpi_env.sh sets it: Horovod's
 # Keras front end needs it (tests/test_stack.py sets "0" for its plain Keras 3 ranks).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-# Horovod's background thread coordinates the ranks once per cycle, and between cycles its MPI
-# waits spin: four idle ranks of this 2-core machine used both cores at Horovod's default cycle
-# (each allreduce 0.5 ms), a fifth of one at 10 ms (each allreduce 10 ms). The ranks of a test
+# Horovod's background thread coordinates the ranks with an MPI collective every cycle, whose
+# waits spin on shared cores: four idle ranks of this 2-core machine used both cores at the default
+# cycle (each allreduce 0.5 ms), a tenth of one at 10 ms (each allreduce 10 ms). The ranks of a test
 # (more ranks than cores) then compute instead: test_training's launch 51 -> 28 s, the TensorFlow
 # 4-rank launch 83 -> 65 s. What a test checks does not depend on it; a test may set its own.
 os.environ.setdefault("HOROVOD_CYCLE_TIME", "10")
