@@ -133,11 +133,12 @@ NEVER = math.inf  # the threshold that compresses nothing
 HALF = "fp16"  # the candidate that compresses nothing and passes every tensor in float16
 
 
-def candidates(numels, min_numel, half=False):
+def candidates(numels, min_numel, half=False, link=None):
     """The thresholds to try, most compression first: ``min_numel`` (every tensor the method
     compresses), the size above which the largest tensors hold half of the elements of those
-    (when that differs), ``HALF`` (with ``half``: Horovod sums every passed tensor) and
-    ``NEVER``. ``numels``: the sizes of the step's tensors."""
+    (when that differs), ``HALF`` (with ``half``: Horovod sums every passed tensor; on a
+    measured ``link``, only where ``halving_pays``) and ``NEVER``. ``numels``: the sizes of the
+    step's tensors."""
     big = sorted((n for n in numels if n >= min_numel), reverse=True)
     found = [min_numel]
     if big:
@@ -145,7 +146,21 @@ def candidates(numels, min_numel, half=False):
         middle = big[min(int(cut), len(big) - 1)]
         if middle > min_numel and middle > big[-1]:
             found.append(middle)
+    half = half and (link is None or halving_pays(link, sum(numels)))
     return found + ([HALF] if half else []) + [NEVER]
+
+
+# The float16 pass is a candidate only where halving the bytes saves at least this share of
+# passing's all-reduce: where the link's latency rules it (many small tensors, a fast link), the
+# two conversions per tensor cost more than the wire saves.
+HALF_SAVES = 0.1
+
+
+def halving_pays(link, total):
+    """Whether passing ``total`` elements in float16 rather than float32 saves at least
+    ``HALF_SAVES`` of their all-reduce on ``link`` (``hvdcomp.comm.link.Link``)."""
+    full = link.seconds(4 * total)
+    return full - link.seconds(2 * total) >= HALF_SAVES * full
 
 
 # The method's step, estimated before it runs (to choose what runs first only): its wire at a
@@ -368,7 +383,7 @@ class Decision(Floors, ExchangeWindow, DecisionRecord):
         if self.thresholds is None:
             if link is not None and self.wants_link():
                 self.link = link()
-            self.thresholds = candidates(numels, self.min_numel, half)
+            self.thresholds = candidates(numels, self.min_numel, half, self.link)
             if self.link is not None:
                 self._predict(self.link, numels, speak)
         if self.phase == "fixed":

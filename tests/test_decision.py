@@ -407,6 +407,23 @@ FAST = Link(latency=1e-5, seconds_per_byte=1e-10)
 LOADED = Link(latency=0.0, seconds_per_byte=1e-8)  # a slope, no latency: floors under 1 ms
 
 
+def test_where_the_links_latency_rules_passing_the_float16_pass_is_no_candidate():
+    """A thousand tensors of 16 elements on a link whose latency is most of their all-reduce:
+    halving the bytes saves under a tenth of it, less than converting every tensor twice costs,
+    so the float16 pass is not offered (a probe would time it, and noise could choose it); where
+    the bytes rule the all-reduce it is offered."""
+    latency_bound = Link(latency=0.001, seconds_per_byte=1e-9)  # 64 kB: 1.06 ms in float32
+    assert decision.candidates([16] * 1000, 1024, half=True, link=latency_bound) == [1024, NEVER]
+    assert decision.candidates([16384, 2560, 10], 1024, half=True, link=SLOW) == [
+        1024, 16384, HALF, NEVER]
+    d = Decision("measure", 1024)
+    d.observe(0.0, [16] * 1000, half=True, link=lambda: latency_bound)
+    assert d.thresholds == [1024, NEVER] and not d.passes_half()
+    d = Decision("measure", 1024)
+    d.observe(0.0, (16384, 2560, 10), half=True, link=lambda: SLOW)
+    assert HALF in d.thresholds
+
+
 def test_on_a_slow_link_the_method_runs_from_the_second_step_and_no_pass_step_at_all():
     """Passing every tensor cannot take less than 77 ms on the link, the method's step is
     estimated at 6 ms and measured at 10: the method is in force from the second step, the
