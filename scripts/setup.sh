@@ -117,8 +117,14 @@ save_template() {
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
   log "installing Open MPI from Debian"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  apt_log="$(mktemp)"  # apt's and debconf's lines are shown only if the install fails
+  if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -qq openmpi-bin libopenmpi-dev; } >"$apt_log" 2>&1; then
+    cat "$apt_log" >&2
+    rm -f "$apt_log"
+    exit 1
+  fi
+  rm -f "$apt_log"
 fi
 
 # The fused kernels, compiled ahead into numba's disk cache (~10 s once; ~1 s to load them when
