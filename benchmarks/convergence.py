@@ -90,6 +90,19 @@ RECIPES = {
                    "smoke": ["--mode", "keras", "--optimizer", "adam", "--lr", "1e-3",
                              "--epochs", "1"],
                    "target": 1.0, "unit": "pp", "ylim": (0.85, 1.0)},
+    # (e): a second AdamW recipe, for checking only (no setting is chosen by it): another
+    # text, depth, learning rate and weight decay than (c)
+    "charlm-stdlib-adamw": {
+        "script": "examples/train_charlm.py", "metric": "val_loss", "higher": False,
+        "recipe": "(e) char transformer, 3 layers, on standard-library source, AdamW lr 2e-3 "
+                  "weight decay 0.1, 20 warm-up steps then cosine to 0, 300 steps",
+        "args": ["--text", "stdlib", "--layers", "3", "--optimizer", "adamw", "--lr", "2e-3",
+                 "--weight-decay", "0.1", "--warmup-steps", "20", "--schedule", "cosine",
+                 "--steps", "300", "--eval-every", "25"],
+        "smoke": ["--text", "stdlib", "--layers", "3", "--optimizer", "adamw", "--lr", "2e-3",
+                  "--weight-decay", "0.1", "--warmup-steps", "5", "--steps", "20",
+                  "--eval-every", "10"],
+        "target": 2.0, "unit": "%", "ylim": (1.4, 3.0)},
 }
 TASKS.update({name: {**spec, "untuned": True} for name, spec in RECIPES.items()})
 

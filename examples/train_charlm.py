@@ -10,9 +10,10 @@ Prints progress (validation loss in nats per character, bytes each rank sent per
 the end, a summary including whether all ranks hold bit-identical weights. ``--json FILE`` writes
 the curve and the summary as JSON (rank 0).
 
-Data: the documentation topics joined in sorted order; the first 90% is training text (each rank
-draws its own random windows), the last 10% validation (a fixed set of windows, the same on every
-rank). Model: causal transformer, 2 layers, d_model 64, 4 heads, context 64 (117k parameters).
+Data: the documentation topics joined in sorted order (``--text stdlib``: the source of a few
+standard-library modules); the first 90% is training text (each rank draws its own random
+windows), the last 10% validation (a fixed set of windows, the same on every rank). Model: causal
+transformer, 2 layers (``--layers``), d_model 64, 4 heads, context 64 (117k parameters).
 """
 import argparse
 import json
@@ -50,10 +51,22 @@ DEFAULTS = {name: (_optimizer(recipes.rates(name, "charlm")), recipes.rates(name
             for name in COMPRESSIONS}
 
 
-def load_text(val_fraction=0.1):
-    """(train ids, validation ids, vocabulary) from pydoc_data's topics, split by position."""
-    from pydoc_data.topics import topics
-    text = "".join(topics[k] for k in sorted(topics))
+# --text stdlib: the source of these standard-library modules, joined in this order (~0.5 MB)
+STDLIB_MODULES = ("argparse", "inspect", "typing", "dataclasses", "textwrap", "functools",
+                  "enum", "pathlib")
+
+
+def load_text(source="pydoc", val_fraction=0.1):
+    """(train ids, validation ids, vocabulary) of ``source``, split by position: 'pydoc'
+    (pydoc_data's documentation topics, joined in sorted order) or 'stdlib' (the Python source
+    of ``STDLIB_MODULES``; it follows the Python version)."""
+    if source == "stdlib":
+        import importlib
+        import inspect
+        text = "".join(inspect.getsource(importlib.import_module(m)) for m in STDLIB_MODULES)
+    else:
+        from pydoc_data.topics import topics
+        text = "".join(topics[k] for k in sorted(topics))
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
@@ -108,6 +121,11 @@ def parser():
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    ap.add_argument("--text", choices=("pydoc", "stdlib"), default="pydoc",
+                    help="pydoc: Python's documentation topics; stdlib: the source of a few "
+                         "standard-library modules (STDLIB_MODULES)")
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's")
     ap.add_argument("--lr", type=float, default=None, help="default: per method (DEFAULTS)")
     ap.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "sgdm"), default=None,
                     help="default: per method (DEFAULTS)")
@@ -125,11 +143,11 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
     """One training run on the initialised Horovod world; returns {"summary", "curve"} (the
     same on every rank, except that only rank 0 prints)."""
     torch.manual_seed(seed)
-    train_ids, val, vocab = load_text()
+    train_ids, val, vocab = load_text(getattr(args, "text", "pydoc"))
     val_starts = torch.linspace(0, len(val) - args.context - 2, 128).long()
     xval, yval = windows(val, val_starts, args.context)
 
-    model = CharLM(len(vocab), context=args.context)
+    model = CharLM(len(vocab), layers=getattr(args, "layers", 2), context=args.context)
     numel = sum(p.numel() for p in model.parameters())
     built = time.perf_counter()
     compression = COMPRESSIONS[method]()
@@ -137,9 +155,10 @@ def train(args, method, seed, lr=None, optimizer=None, verbose=True):
     # the optimizer and rate: this call's, else the command line's, else the method's default
     opt_name = optimizer or args.optimizer or DEFAULTS[method][0]
     lr = next(x for x in (lr, args.lr, DEFAULTS[method][1]) if x is not None)
-    if opt_name in ("adam", "adamw"):  # adamw: decoupled weight decay 0.01
+    if opt_name in ("adam", "adamw"):  # adamw: decoupled weight decay, 0.01 by default
         opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam"
-               else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01))
+               else torch.optim.AdamW(model.parameters(), lr=lr,
+                                      weight_decay=getattr(args, "weight_decay", 0.01)))
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if opt_name == "sgdm" else 0.0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),

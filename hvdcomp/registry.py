@@ -52,7 +52,7 @@ PRESETS = {
     "topk-adam": Preset(TopK, {"precondition": "adam"}),
     "sketchfusion-adam": Preset(SketchFusion, {"precondition": "adam"}),
     "efsignsgd": Preset(EFSignSGD),
-    "powersgd": Preset(PowerSGD),  # rank 4
+    "powersgd": Preset(PowerSGD),  # rank 4 (8 under Adam)
 }
 
 

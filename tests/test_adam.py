@@ -111,3 +111,60 @@ def test_preconditioners_give_the_same_bits_into_kept_buffers(kind):
         assert np.array_equal(host(r_u), host(r_u_kept))
         assert np.array_equal(host(r_new[1]), host(r_new_kept[1]))
         rstate = r_new_kept
+
+
+class _Moments:
+    """The user's Adam moments of one tensor, as the adapters' ``AdamMoments`` present them."""
+    beta1, beta2 = 0.9, 0.999
+
+    def __init__(self, exp_avg):
+        self.m = exp_avg
+
+    def steps(self):
+        return 50
+
+    def exp_avg(self, like):
+        return self.m
+
+    def set_exp_avg(self, momentum):
+        self.m = np.array(momentum, copy=True)
+
+
+class _Entry:
+    def __init__(self, key, work, adam):
+        self.key, self.work, self.adam = key, work, adam
+        self.dense, self.status, self.numel = False, hvdcomp.checks.OK, work.size
+
+
+@pytest.mark.parametrize("increment", [False, True])
+def test_under_the_users_adam_the_momentum_or_its_increment_is_sent(increment):
+    """FollowAdam sends each rank's momentum ``b1 m + (1-b1) g_r``, or with ``increment`` only
+    ``(1-b1) g_r`` and adds ``b1 m`` (the same on every rank) to the mean: either way the mean of
+    an exact reduction is Adam's momentum of the mean gradient, which lands as Adam's
+    ``exp_avg``; PowerSGD sends the increment, at rank 8 under Adam."""
+    from hvdcomp import preconditioning
+    from hvdcomp.state import StateStore
+    rng = np.random.default_rng(1)
+    m = rng.standard_normal(30).astype(np.float32)
+    grads = [rng.standard_normal(30).astype(np.float32) for _ in range(4)]
+    sent = []
+    for g in grads:
+        pre = preconditioning.FollowAdam(increment=increment)
+        e = _Entry("w", g.copy(), _Moments(m))
+        pre.before([e], StateStore())
+        sent.append(e.work.copy())
+    shared = 0.0 if increment else 0.9 * m
+    assert all(np.allclose(s, 0.1 * g + shared, atol=1e-6) for s, g in zip(sent, grads))
+    moments = _Moments(m)
+    pre, e = preconditioning.FollowAdam(increment=increment), _Entry("w", grads[0], moments)
+    reduced = {"w": np.mean(sent, axis=0)}
+    pre.before([e], StateStore())
+    pre.after([e], reduced, StateStore(), None)
+    pre.land()
+    want = 0.9 * m + 0.1 * np.mean(grads, axis=0)
+    assert np.allclose(reduced["w"], want, atol=1e-6) and np.allclose(moments.m, want, atol=1e-6)
+    powersgd = hvdcomp.PowerSGD.Method
+    assert isinstance(preconditioning.make(None, powersgd.under_adam), preconditioning.FollowAdam)
+    assert preconditioning.make(None, powersgd.under_adam).increment
+    assert [powersgd().rank_of(_Entry("w", g, a)) for a in (None, moments)] == [4, 8]
+    assert powersgd(rank=2).rank_of(_Entry("w", g, moments)) == 2
