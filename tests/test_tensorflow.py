@@ -160,8 +160,9 @@ def test_driving_the_users_keras_adam_costs_horovods_allreduce_function_no_secon
     tf.function inside Keras's train function) to read them there; made as variables that
     function sees, they cost it a second trace (TensorFlow retraces a function that created
     variables; before 2026-12-02 it was traced twice: under cProfile 4.7 s against 3.5 s for
-    Horovod's own compression's one trace), so they are made outside it (``hvdcomp.facade.frontends.tensorflow.build_untraced``): one trace, as under
-    Horovod's own compression."""
+    Horovod's own compression's one trace), so they are made outside it
+    (``hvdcomp.facade.frontends.tensorflow.build_untraced``): one trace, as under Horovod's own
+    compression."""
     res = results(tf_adam_launch(), case=name)
     assert sorted(res) == [0, 1]
     assert all(r["allreduce_traces"] == 1 for r in res.values()), res

@@ -2,8 +2,8 @@
 
 The facade reads Horovod's internals that its public API does not promise: the locals of the
 functions that call ``compress()`` (tensor names, parameters, process sets, optimizers:
-``hvdcomp.facade.frontends.naming`` and the tables in ``hvdcomp.facade.frontends.torch`` / ``.tensorflow``),
-the placeholder's reduced values (the op), ``hvd.join``. Those were read from Horovod
+``hvdcomp.facade.frontends.naming`` and the tables in ``hvdcomp.facade.frontends.torch`` /
+``.tensorflow``), the placeholder's reduced values (the op), ``hvd.join``. Those were read from Horovod
 ``WRITTEN_AGAINST``. Another release may have moved them; hvdcomp then still refuses what it
 cannot name (``UnnamedTensorError`` on that rank, never a silent mix-up), but says up front which
 release it was written for: once per process, a warning from the first front end that loads

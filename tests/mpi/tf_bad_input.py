@@ -1,6 +1,6 @@
 """Rank script (2 ranks): bad input through DistributedGradientTape in a tf.function, where a
-step's gradients are reduced as one batch (hvdcomp.facade.frontends.tensorflow.StepBatch). Arg: method
-(a class of hvdcomp/registry.py). Reports, per rank:
+step's gradients are reduced as one batch (hvdcomp.facade.frontends.tensorflow.StepBatch). Arg:
+method (a class of hvdcomp/registry.py). Reports, per rank:
 - nan_error: the error message of a step whose gradient is NaN on the last rank only
   (on_nonfinite='raise'), or None;
 - nan_state_kept: the compressor's step count and state digest unchanged by that step;

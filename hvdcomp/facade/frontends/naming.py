@@ -1,12 +1,13 @@
-"""Which tensor ``compress()`` was handed: an explicit ``Identity`` (``hvdcomp.facade.frontends``) read
-from a table of the Horovod functions that call compressors, or ``UnnamedTensorError``.
+"""Which tensor ``compress()`` was handed: an explicit ``Identity``
+(``hvdcomp.facade.frontends``) read from a table of the Horovod functions that call compressors,
+or ``UnnamedTensorError``.
 
 Horovod's ``Compressor`` protocol passes ``compress()`` the tensor alone, but hvdcomp keeps
 per-tensor state (error feedback, momentum, preconditioner moments) under the tensor's name, which
 must be the same on every rank and distinct per tensor. Each framework adapter therefore lists,
-in one table (``callers()`` in ``hvdcomp.facade.frontends.torch`` and ``hvdcomp.facade.frontends.tensorflow``),
-the Horovod functions it serves and which of their locals hold the name, the parameter, the
-process set and the optimizer. The lookup walks up a bounded number of frames from
+in one table (``callers()`` in ``hvdcomp.facade.frontends.torch`` and
+``hvdcomp.facade.frontends.tensorflow``), the Horovod functions it serves and which of their
+locals hold the name, the parameter, the process set and the optimizer. The lookup walks up a bounded number of frames from
 ``compress()``, matches a frame to a row by the function itself (its code object; for
 TensorFlow, the module and the function name, since AutoGraph re-compiles Horovod's functions as
 ``tf__<name>``), and then finds the tensor in that frame *by identity* (``is``): never by a

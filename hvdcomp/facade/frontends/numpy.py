@@ -38,8 +38,8 @@ def tensor_identity(tensor, method):
     if not isinstance(name, str):
         a = np.asarray(tensor)
         raise unnamed(method, a.shape, a.dtype, advice=(
-            "Name a host array explicitly: comp.compress(hvdcomp.facade.frontends.numpy.named(array, "
-            "'w'))"))
+            "Name a host array explicitly: "
+            "comp.compress(hvdcomp.facade.frontends.numpy.named(array, 'w'))"))
     return Identity(name)
 
 

@@ -23,8 +23,8 @@ stateful ops in program order (automatic control dependencies), so hvdcomp's col
 trace order, the same on every rank. TF1-style graphs run by ``tf.compat.v1.Session`` (no
 automatic control dependencies) are not supported.
 
-Naming (``callers()``, ``hvdcomp.facade.frontends.naming``): state is keyed by the variable's name (read
-from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
+Naming (``callers()``, ``hvdcomp.facade.frontends.naming``): state is keyed by the variable's
+name (read from Horovod's ``allreduce_grads`` frame), so a retrace (new input shape) finds the same state;
 direct calls need ``name=``.
 """
 import collections

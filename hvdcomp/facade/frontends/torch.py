@@ -33,8 +33,8 @@ _BY_CODE = {}  # the rows of callers() by the code object each matches (tensor_i
 
 def callers():
     """The table of horovod.torch (0.28.1) functions that call ``compress()``, and the locals
-    each row reads (``hvdcomp.facade.frontends.naming``). Only ``allreduce`` and ``grouped_allreduce``
-    take ``compression=`` among the direct calls (``allreduce_async``, ``allreduce_``,
+    each row reads (``hvdcomp.facade.frontends.naming``). Only ``allreduce`` and
+    ``grouped_allreduce`` take ``compression=`` among the direct calls (``allreduce_async``, ``allreduce_``,
     ``grouped_allreduce_async`` ... take none, so they never reach a compressor)."""
     global _CALLERS
     if _CALLERS is None:
