@@ -66,8 +66,8 @@ def _in(module, name):
 
 def callers():
     """The table of horovod.tensorflow (0.28.1) functions that call ``compress()`` or stand
-    above such a call, and the locals each row reads (``hvdcomp.facade.frontends.naming``); looked up
-    in this order (``tensor_identity``):
+    above such a call, and the locals each row reads (``hvdcomp.facade.frontends.naming``);
+    looked up in this order (``tensor_identity``):
 
     1. the call itself, ``allreduce`` or ``grouped_allreduce``, holding the tensor;
     2. above it, ``allreduce_grads(grads, vars)``: every gradient path (DistributedGradientTape,
