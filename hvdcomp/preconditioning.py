@@ -92,9 +92,8 @@ class FollowAdam(Identity):
     each rank's share of the new momentum, ``(1-b1) g_r``, and adds ``b1 m`` (the same on every
     rank) to its mean exactly: ``M = b1 m + C(mean((1-b1) g_r))``, the rest as above. A low-rank
     approximation of ``m_r`` spends its rank on ``b1 m``, nine tenths of the message that every
-    rank already holds, and leaves the new part to error feedback (the char transformer of
-    recipe (c) on another text, AdamW: PowerSGD's loss 12% above uncompressed, 1.2% sending
-    the increment at rank 8); a 1-bit method keeps the momentum's signs better whole."""
+    rank already holds, and leaves the new part to error feedback (``hvdcomp.PowerSGD`` says
+    what it measured); a 1-bit method keeps the momentum's signs better whole."""
 
     def __init__(self, warmup=adam.WARMUP, increment=False):
         self.warmup = warmup
