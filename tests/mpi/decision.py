@@ -102,10 +102,20 @@ def memory_of(comp, names):
     return out
 
 
+def offer_half(comp):
+    """Give ``comp``'s decision, before its first step, a link of bandwidth alone (no latency),
+    on which halving the bytes pays (``hvdcomp.decision.halving_pays``, tested in
+    test_decision.py): its float16 candidate is then offered whatever this machine's link
+    measures, and no candidate's floor rules it out."""
+    from hvdcomp.comm.link import Link
+    comp.decision.link = Link(latency=0.0, seconds_per_byte=1e-8)
+
+
 def carry(name, lr):
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
     comp = compressor_object(comp_arg)
+    offer_half(comp)  # every candidate runs, the float16 one too
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     thresholds, identical, applied, grads, memories = [], 0, [], [], [memory_of(comp, sizes)]
     halves, largest = [], []  # per step: passed in float16; the largest |gradient| of any rank
@@ -159,6 +169,7 @@ def half(name, lr):
     comp_arg = compression_for(name)
     model, opt = build(comp_arg, lr, 0.0)
     comp = compressor_object(comp_arg)
+    offer_half(comp)
     step(model, opt, 0)
     candidates = list(comp.decision.thresholds)
     comp.decision.phase = "fixed"  # held where the test puts it
