@@ -542,12 +542,12 @@ class StepEngine(StepEnding):
         passed = [e for e in small if e.numel >= self.decision.min_numel]  # by the decision
         carried = not self.aside and carry_memories(self, ctx, passed)
         self.atypical = carried or self.atypical
-        n, view = self.method.n_scalars, Batch(big, ctx, self.store, self.step, self.batch,
-                                                self.phase)
+        view = Batch(big, ctx, self.store, self.step, self.batch, self.phase)
         with self.phase("encode"):
             self.pre.before([e for e in live if e.status == checks.OK], self.store)
-            scalars = np.asarray(self.method.prepare(view) if big else np.zeros((0, n)),
-                                 dtype=np.float64).reshape(len(big), n)
+            scalars = self.method.prepare(view) if big else ()
+            n = self.method.n_scalars  # read after prepare, which may set it (the contract)
+            scalars = np.asarray(scalars, dtype=np.float64).reshape(len(big), n)
         bad, all_scalars = check_batch(self, ctx, agreed, (entries, small), scalars, carried)
         if bad:
             if ctx.rank == 0:
@@ -568,7 +568,7 @@ class StepEngine(StepEnding):
             all_scalars.wait()  # a gather in flight completes (check_batch)
         reduced.update(zip((e.key for e in small), reduce_dense(ctx, small, self.phase)))
         for e in aside:  # their messages' means (hvdcomp.stepaside)
-            reduced[e.key] = stepaside.step(reduced[e.key], e)
+            reduced[e.key] = stepaside.step(self.method, reduced[e.key], e, ctx.size)
         reduced.update((e.key, SUMMED) for e in entries if e.by_horovod)
         self.pre.after(live, reduced, self.store, self.phase)
         for e in rescaled:
@@ -653,7 +653,8 @@ def send_messages(engine, passed):
     list, possibly empty)."""
     live = [e for e in passed if e.status == checks.OK]
     for e in live:
-        e.work, new_state = stepaside.message(engine.method, e.work, e.key, engine.store)
+        e.work, new_state = stepaside.message(engine.method, e.work, e.key, engine.store,
+                                              e.adam is not None)
         engine.store.put(e.key, new_state)
     return live
 

@@ -13,16 +13,17 @@ until the result is known to be finite). BinSGDM's ``u`` is ``clip(m / v)`` of t
 updated moments (its votes are unbiased ±1 draws of it) and ``s`` the mean of ``v``.
 
 What is sent: the *message* ``[u, s, 1, z]`` (``numel + 3`` elements, float32, or the gradient's
-float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros), summed exactly, by
+float64 through Horovod; ``z`` is 1 where this rank's gradient is all zeros; under the user's
+Adam followed by the method's ``adam_samples`` of the gradient), summed exactly, by
 Horovod's own allreduce where ``compress()`` may hand it over (``hvdcomp.facade.horovod_sums``:
 torch optimizers, one batch per step, unscaled gradients; under Adam too, its
 moments set as the step is handed back, ``hvdcomp.facade.runtime.Runtime.stepped``),
 overlapping the backward pass as Horovod's allreduce of the gradient does; else by the step
 engine's float sum (``hvdcomp.engine``: TensorFlow, LayerFusion, scaled gradients). From the
 reduced message ``r`` (the mean times Horovod's op factor ``f``, which the constant 1 carries)
-the step is ``r[:n]`` (``f`` times the mean direction) under Adam
-(``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it) or for a direct
-allreduce, and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
+the step is ``r[:n]`` (``f`` times the mean direction) for a direct allreduce, that times the
+method's ``adam_scale`` (clipped to ``f`` times [-1, 1]) under the user's Adam
+(``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it), and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
 scale) under SGD: exactly the expectation of the compressed step, without its variance, the
 same on every rank since every rank reduces the same message. Where ``r[n + 2] == r[n + 1]`` the
 gradient was all zeros on every rank (Horovod's zero fill of a gradient nobody computed): the
@@ -43,22 +44,30 @@ its moments are held: only ``r[n]`` shows it), as Horovod's own sum would hand t
 """
 import math
 
+import numpy as np
+
+from hvdcomp.backend import xp
+
 
 def applies(method):
     """Whether ``method`` (a method, or the engine's wrapper of it) steps aside this way."""
     return getattr(method, "exact_parts", None) is not None
 
 
-def message(method, work, key, store):
-    """``([u, s, 1, z]`` like ``work`` (numel + 3), the new state) of ``work`` (the rank's flat
-    working gradient of tensor ``key``) and its state in ``store`` (``exact_parts``). The
-    message is written into ``store.outgoing``'s buffer: Horovod sums it in place and its step is
-    a view of it, so it is reused once the user's gradient no longer holds it."""
+def message(method, work, key, store, adam=False):
+    """``([u, s, 1, z]`` like ``work`` (numel + 3; under the user's Adam, ``adam``, followed by
+    the method's ``adam_samples``), the new state) of ``work`` (the rank's flat working gradient
+    of tensor ``key``) and its state in ``store`` (``exact_parts``). The message is written into
+    ``store.outgoing``'s buffer: Horovod sums it in place and its step is a view of it, so it
+    is reused once the user's gradient no longer holds it."""
     n = work.shape[0]
-    sent = store.outgoing(key + "#message", work, n + 3)
+    extra = method.adam_samples(work, key, store) if adam else ()
+    sent = store.outgoing(key + "#message", work, n + 3 + len(extra))
     s, new_state = method.exact_parts(work, key, store, sent[:n])
     zero = n == 0 or (float(work[0]) == 0.0 and not bool(work.any()))
     sent[n], sent[n + 1], sent[n + 2] = s, 1.0, float(zero)
+    if adam:
+        sent[n + 3:] = xp.from_host(extra.astype(np.float32), sent)
     return sent, new_state
 
 
@@ -68,12 +77,21 @@ def under_sgd(entry):
     return entry.adam is None and entry.gradient
 
 
-def step(reduced, entry):
+def step(method, reduced, entry, size):
     """The step of ``entry`` (``hvdcomp.engine.Entry``; flat, like ``reduced``) from its reduced
-    message ``reduced``: a view of it, scaled in place under SGD."""
-    direction = reduced[:entry.numel]
+    message ``reduced`` over ``size`` ranks: a view of it, scaled in place under SGD, and under
+    the user's Adam by the method's ``adam_scale`` (then clipped to ``f`` times [-1, 1])."""
+    n = entry.numel
+    direction = reduced[:n]
+    factor = float(reduced[n + 1])  # Horovod's op factor f
     if under_sgd(entry):
-        direction *= float(reduced[entry.numel]) / float(reduced[entry.numel + 1])
+        direction *= float(reduced[n]) / factor
+    elif entry.adam is not None:
+        scale = method.adam_scale(xp.to_host(reduced[n + 3:]).astype(np.float64) / factor, n,
+                                  size)
+        if scale != 1.0:
+            direction *= scale
+            xp.clip_(direction, abs(factor))
     return direction
 
 

@@ -100,6 +100,50 @@ def test_normaliser_mean_is_the_mean_of_the_updated_v(kind):
         assert scale == pytest.approx(float(np.asarray(state[1], np.float64).mean()), rel=1e-5)
 
 
+def test_under_adam_the_mean_votes_step_is_scaled_to_the_mean_gradient():
+    """``adam_scale``: each rank's vote is normalised by its own gradient's size, the user's Adam
+    by the ranks' mean gradient's. Where the ranks' gradients are independent noise, the mean of
+    their normalised samples is about sqrt(size) smaller than each rank's and the factor about
+    E|g| / rms(g) * sqrt(size) (0.8 sqrt(size) for Gaussian noise), never above sqrt(size); where
+    the ranks agree it is 1, and 1 where nothing was measured (zeros, NaN)."""
+    rng = np.random.default_rng(0)
+    positions = alg.sample_positions(alg.SAMPLES)
+    for size in (2, 4, 16):
+        state = (None, np.full(alg.SAMPLES, np.sqrt(2 / np.pi), np.float32))  # v = E|g|
+        noise = rng.standard_normal((size, alg.SAMPLES)).astype(np.float32)
+        rows = [alg.normalised_samples(g, state, 0.9, 1e-8, positions) for g in noise]
+        c = alg.adam_scale(np.mean(rows, axis=0), alg.SAMPLES, size)
+        assert 0.6 * np.sqrt(size) < c <= np.sqrt(size), (size, c)
+        same = [alg.normalised_samples(noise[0], None, 0.9, 1e-8, positions)] * size
+        assert alg.adam_scale(np.mean(same, axis=0), alg.SAMPLES, size) == pytest.approx(1.0)
+    assert alg.adam_scale(np.zeros(alg.SAMPLES), alg.SAMPLES, 4) == 1.0
+    assert alg.adam_scale(np.full(alg.SAMPLES, np.nan), alg.SAMPLES, 4) == 1.0
+    # padding after ``count`` is not read
+    assert alg.adam_scale(np.r_[np.full(3, 0.5), np.zeros(alg.SAMPLES - 3)], 3, 4) == 2.0
+
+
+@pytest.mark.parametrize("numel", [1, 5, alg.SAMPLES, 1000, 256 * 64, 10 ** 7])
+def test_adam_samples_are_distinct_positions_spread_over_the_tensor(numel):
+    """The positions each rank samples (the same on every rank), and the samples: the gradient
+    over the normaliser ``v`` after it (``b2 v + (1 - b2) |g|``; ``|g|`` at the first step), for
+    host arrays and tensors alike."""
+    positions = alg.sample_positions(numel)
+    assert len(positions) == min(numel, alg.SAMPLES)
+    assert len(set(positions.tolist())) == len(positions)
+    assert positions.min() >= 0 and positions.max() < numel
+    if numel == 256 * 64:  # a (256, 64) matrix: not one column
+        assert len(set((positions % 64).tolist())) > alg.SAMPLES // 2
+    g = np.arange(1, numel + 1, dtype=np.float32)
+    v = np.full(numel, 3.0, np.float32)
+    for conv in (lambda a: a, torch.from_numpy):
+        got = alg.normalised_samples(conv(g), None, 0.5, 0.0, positions)
+        assert got.shape == (alg.SAMPLES,) and got[:len(positions)].tolist() == [1.0] * len(
+            positions) and not got[len(positions):].any()
+        got = alg.normalised_samples(conv(g), (None, conv(v)), 0.5, 0.0, positions)
+        want = g[positions] / (1.5 + 0.5 * g[positions])
+        assert np.allclose(got[:len(positions)], want)
+
+
 def test_node_totals_and_mean_vote():
     bits = np.array([[1, -1, 1, -1], [1, 1, -1, -1]], dtype=np.int8)  # 2 nodes
     total = alg.node_votes_total(bits, 3, np.int8)

@@ -150,6 +150,13 @@ def multiply(a, b, out=None):
     return np.multiply(a, b, out=out)
 
 
+def clip_(x, bound):
+    """``x`` clipped to ``[-bound, bound]`` in place; returns ``x``."""
+    if is_torch(x):
+        return x.clamp_(-bound, bound)
+    return np.clip(x, -bound, bound, out=x)
+
+
 def divide(a, b, out):
     """``out = a / b`` (elementwise, same kind, shape and dtype); returns ``out``."""
     if is_torch(a):

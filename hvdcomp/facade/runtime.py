@@ -89,7 +89,7 @@ class Runtime:
             self.held.clear()
         work = entry.adapter.working(tensor, "float32")
         sent, self.held[entry.key] = stepaside.message(self.algorithm, work, entry.key,
-                                                       self.store)
+                                                       self.store, entry.adam is not None)
         return entry.adapter.restore(sent, sent.shape, tensor.dtype, tensor.device)
 
     def stepped(self, entry, output, fill):
@@ -108,7 +108,7 @@ class Runtime:
             return entry.restore(np.full(entry.numel, np.nan, dtype=np.float32))
         self.store.put(entry.key, new_state)
         self.store.commit()
-        step = stepaside.step(reduced, entry)
+        step = stepaside.step(self.algorithm, reduced, entry, self.engine.context().size)
         if entry.adam is not None:  # the user's Adam updates by lr * step (ThroughAdam)
             preconditioning.drive_adam(entry.adam, step)
         return entry.restore(step)

@@ -47,7 +47,8 @@ class Method:
     """Base of the methods (module docstring). Class attributes:
 
     - ``name``: the name errors, logs and checkpoints carry (``'Marsit'``);
-    - ``n_scalars``: floats per tensor ``prepare`` returns;
+    - ``n_scalars``: floats per tensor ``prepare`` returns (read after ``prepare``, which may set
+      it per batch, the same on every rank: BinSGDM's under Adam);
     - ``node_shares``: what node stages hand each local rank, ``'elements'`` (an element shard of
       every tensor) or ``'tensors'`` (whole tensors: a method that needs a tensor's shape);
       ``own_stages``: True where the method runs its paper's own stages (BinSGDM);
@@ -55,8 +56,9 @@ class Method:
       (``hvdcomp.preconditioning.make``);
     - ``returns_step``: the method's name where its result is the optimizer's step itself (an
       exact sum of its input is then not what the optimizer expects), else None; such a method
-      passes only if it can step aside, providing ``exact_parts(work, key, store, out)``
-      (``hvdcomp.stepaside``: BinSGDM);
+      passes only if it can step aside, providing ``exact_parts(work, key, store, out)``,
+      and ``adam_samples(work, key, store)`` with ``adam_scale(mean_samples, numel, size)`` for
+      its step under the user's Adam (``hvdcomp.stepaside``: BinSGDM);
     - ``refused``: common settings it cannot take, and ``refusal``, why; ``fixed``: common
       settings it sets itself (e.g. ``min_compress_numel=0``);
     - ``kernel_modules``: the kernel modules its host path uses (module paths, or the names of

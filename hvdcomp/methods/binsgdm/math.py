@@ -11,8 +11,8 @@ Per step, on every rank, for one gradient vector g (1-D, float32; NumPy or Torch
 4. The ranks' votes are summed (exactly inside a node; between nodes each node's sum ``s`` of
    ``L`` votes is re-binarised without bias, ``b = +1`` w.p. ``(1 + s/L)/2``, and ``L*b`` stands
    for ``s``), and every rank gets the mean vote ``sum / size`` in [-1, 1].
-5. The step is ``mean_q`` under the user's Adam (its moments set so that its update is
-   ``lr * mean_q``), and ``s * mean_q`` under plain SGD, with ``s`` the ranks' mean of the
+5. The step is ``clip(c * mean_q, -1, 1)`` under the user's Adam (its moments set so that its
+   update is ``lr`` times it; ``c`` is ``adam_scale``), and ``s * mean_q`` under plain SGD, with ``s`` the ranks' mean of the
    tensor's mean ``v`` (``normaliser_mean``), so that SGD's usual learning rate applies:
    ``x -= lr * (s * mean_q + wd * x)``.
 
@@ -26,12 +26,56 @@ grow (clipping is what keeps it in range) and shrinks as they decay (an implicit
 decay). Both are allowed; clipping is always applied, which is a no-op when b1 == b2 (up to
 rounding).
 """
+import math
+
 import numpy as np
 
 from hvdcomp.methods.binsgdm.stochastic import stochastic_signs
 from hvdcomp.backend.xp import _torch, from_host, is_torch
 
 VOTE, REBINARISE = 0, 1  # stage tags in the random keys
+SAMPLES = 16  # normalised gradient elements per tensor each rank sends under Adam (``adam_scale``)
+_SPREAD = 2654435761  # a prime: ``sample_positions`` visits distinct positions
+
+
+def sample_positions(numel):
+    """The ``min(numel, SAMPLES)`` positions of a tensor whose gradient elements each rank sends
+    under Adam: spread over the tensor (not along one column of a matrix), the same on every
+    rank and every step (int64 NumPy)."""
+    return (np.arange(min(numel, SAMPLES), dtype=np.int64) * _SPREAD) % max(numel, 1)
+
+
+def normalised_samples(g, state, b2, eps, positions):
+    """``g / (v + eps)`` at ``positions``, with ``v`` the normaliser after ``g`` (``state``: the
+    previous ``(m, v)`` or None), as ``SAMPLES`` float64 host values, zeros after
+    ``len(positions)`` (``g`` flat, NumPy or Torch on any device)."""
+    def at(x):
+        if is_torch(x):
+            return x[_torch().as_tensor(positions, device=x.device)].double().cpu().numpy()
+        return np.asarray(x[positions], dtype=np.float64)
+    grad = at(g)
+    v = np.abs(grad) if state is None else b2 * at(state[1]) + (1 - b2) * np.abs(grad)
+    out = np.zeros(SAMPLES)
+    out[:len(positions)] = grad / (v + eps)
+    return out
+
+
+def adam_scale(mean_samples, count, size):
+    """The factor ``c`` of the step under the user's Adam (``clip(c * mean_q, -1, 1)``), a
+    Python float in ``[1, sqrt(size)]``: one over the root mean square of the ranks' mean
+    ``normalised_samples`` (``mean_samples``; the first ``count`` are real).
+
+    Why: each rank's vote follows its own ``m / v``, whose ``v`` measures one rank's gradient,
+    while the user's Adam normalises by the ranks' *mean* gradient: where the ranks' gradients
+    are mostly noise that mean is up to ``sqrt(size)`` smaller than each rank's (its normalised
+    samples' root mean square about ``1 / sqrt(size)``), and the mean vote's step as much
+    smaller than Adam's. Where the ranks agree each normalised sample is about +-1 and ``c``
+    is 1 (the mean vote is then already Adam's bounded step); 1 where nothing was measured."""
+    mean = np.asarray(mean_samples[:count], dtype=np.float64)
+    square = float(np.dot(mean, mean)) / max(count, 1)
+    if not (square > 0.0 and math.isfinite(square)):
+        return 1.0
+    return min(max(1.0 / math.sqrt(square), 1.0), math.sqrt(size))
 
 
 def update_moments(g, state, b1, b2):

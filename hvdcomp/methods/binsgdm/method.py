@@ -12,8 +12,12 @@ learning rate:
   so the step has the gradient's scale and SGD's usual rate applies (recipe (a), the digits MLP
   at lr 0.1: 0.958 against uncompressed 0.962, 3 seeds; with the bare mean vote, SGD's lr 0.1
   moved every coordinate by up to 0.1 per step and diverged);
-- Adam/AdamW (torch or Keras): the mean vote itself, and hvdcomp sets Adam's moments so that
-  Adam's update is ``lr * mean_q`` (``hvdcomp.preconditioning.ThroughAdam``): Adam's usual rates;
+- Adam/AdamW (torch or Keras): the mean vote times ``c`` in [1, sqrt(size)], clipped to
+  [-1, 1], and hvdcomp sets Adam's moments so that Adam's update is ``lr`` times it
+  (``hvdcomp.preconditioning.ThroughAdam``): Adam's usual rates. Each rank's vote is normalised
+  by its own gradient, Adam by the ranks' mean gradient, smaller where the ranks' gradients are
+  noise; ``c`` is one over the root mean square of the ranks' mean normalised gradient ``g / v``
+  at 16 positions per tensor, which every rank sends beside its scalars (``alg.adam_scale``);
 - SGD with momentum: as plain SGD, with BinSGDM's own momentum shortened to ``b1 <= 0.5``
   (``UNDER_MOMENTUM_B1``), since two momenta in a row lag: recipe (b) (the digits CNN, SGD lr
   0.05, momentum 0.9, cosine), 3 seeds, 0.972 against uncompressed 0.977 (b1 0.9 kept: 0.88;
@@ -113,7 +117,9 @@ class BinSGDM(Method):
     refused = ("min_compress_numel", "precondition")
     refusal = "every tensor is a candidate, and BinSGDM carries its own momentum and normaliser"
     fixed = {"min_compress_numel": 0}
-    n_scalars = 1  # the tensor's mean normaliser (the step's scale under SGD)
+    # the tensor's mean normaliser (the step's scale under SGD); for a batch under the user's
+    # Adam, 1 + alg.SAMPLES: then the normalised gradient at the sampled positions (prepare)
+    n_scalars = 1
     kernel_modules = (KERNELS,)  # loaded by its constructor: its moments run on every step
 
     def __init__(self, *, betas=(0.9, 0.9), eps=1e-8, ranks_per_node=None, uneven="flat"):
@@ -165,6 +171,20 @@ class BinSGDM(Method):
             v_total = alg.total(moments[1])
         return v_total / max(int(work.shape[0]), 1), moments
 
+    def adam_samples(self, work, key, store):
+        """Under the user's Adam: what a rank sends beside its votes or its direction, its
+        gradient ``work`` (flat) of tensor ``key`` over its normaliser after it (state in
+        ``store``) at ``alg.sample_positions`` (``alg.SAMPLES`` float64 values)."""
+        return alg.normalised_samples(work, store.get(key), self.betas_in_use[1], self.eps,
+                                      alg.sample_positions(int(work.shape[0])))
+
+    @staticmethod
+    def adam_scale(mean_samples, numel, size):
+        """The factor of the mean vote (or mean direction) under the user's Adam, from the ranks'
+        mean ``adam_samples`` of a tensor of ``numel`` elements over ``size`` ranks
+        (``alg.adam_scale``); the step is then clipped to [-1, 1]."""
+        return alg.adam_scale(mean_samples, min(numel, alg.SAMPLES), size)
+
     def committed_total(self, key, v):
         """``alg.total(v)`` of tensor ``key``'s committed normaliser ``v``: the total the fused
         kernels summed as they wrote this very array (``v_totals``; each write into an array
@@ -173,14 +193,18 @@ class BinSGDM(Method):
         return recorded[1] if recorded is not None and recorded[0] is v else alg.total(v)
 
     def prepare(self, batch):
-        scales = []
-        for e in batch.entries:
-            state = batch.store.get(e.key)
-            scales.append([alg.normaliser_mean(
-                e.work, state, self.betas_in_use[1],
-                None if state is None else self.committed_total(e.key, state[1]))
-                if stepaside.under_sgd(e) else 0.0])
-        return scales
+        adam = any(e.adam is not None for e in batch.entries)
+        self.n_scalars = 1 + alg.SAMPLES if adam else 1
+        rows = np.zeros((len(batch.entries), self.n_scalars))
+        for row, e in zip(rows, batch.entries):
+            if stepaside.under_sgd(e):
+                state = batch.store.get(e.key)
+                row[0] = alg.normaliser_mean(
+                    e.work, state, self.betas_in_use[1],
+                    None if state is None else self.committed_total(e.key, state[1]))
+            elif e.adam is not None:
+                row[1:] = self.adam_samples(e.work, e.key, batch.store)
+        return rows
 
     def reduce(self, batch, scalars):
         ctx, hier = batch.ctx, self.layout(batch.ctx)
@@ -225,10 +249,12 @@ class BinSGDM(Method):
         out, off = [], 0
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
-                # under SGD the vote times the ranks' mean v
+                # under SGD the vote times the ranks' mean v; under Adam, times adam_scale
                 scale = (float(np.sum(scalars[:, i, 0]) / ctx.size) if stepaside.under_sgd(e)
-                         else None)
-                out.append(path.mean(total[off:off + e.numel], ctx.size, e, scale))
+                         else None if e.adam is None else self.adam_scale(
+                             np.sum(scalars[:, i, 1:], axis=0) / ctx.size, e.numel, ctx.size))
+                step = path.mean(total[off:off + e.numel], ctx.size, e, scale)
+                out.append(step if e.adam is None or scale == 1.0 else xp.clip_(step, 1.0))
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
