@@ -21,10 +21,11 @@ moments set as the step is handed back, ``hvdcomp.facade.runtime.Runtime.stepped
 overlapping the backward pass as Horovod's allreduce of the gradient does; else by the step
 engine's float sum (``hvdcomp.engine``: TensorFlow, LayerFusion, scaled gradients). From the
 reduced message ``r`` (the mean times Horovod's op factor ``f``, which the constant 1 carries)
-the step is ``r[:n]`` (``f`` times the mean direction) for a direct allreduce, that times the
-method's ``adam_scale`` (clipped to ``f`` times [-1, 1]) under the user's Adam
-(``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it), and ``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean
-scale) under SGD: exactly the expectation of the compressed step, without its variance, the
+the step is ``r[:n]`` (``f`` times the mean direction) for a direct allreduce, that as the
+method's ``adam_step`` scales it (clipped to ``f`` times [-1, 1]) under the user's Adam
+(``hvdcomp.preconditioning.ThroughAdam`` makes Adam's update ``lr`` times it), and
+``r[:n] * r[n] / r[n + 1]`` (``f`` times the mean direction times the ranks' mean scale) under
+SGD: exactly the expectation of the compressed step, without its variance, the
 same on every rank since every rank reduces the same message. Where ``r[n + 2] == r[n + 1]`` the
 gradient was all zeros on every rank (Horovod's zero fill of a gradient nobody computed): the
 step is zero and the state waits, as the step engine does for such an *absent* tensor.
@@ -80,18 +81,16 @@ def under_sgd(entry):
 def step(method, reduced, entry, size):
     """The step of ``entry`` (``hvdcomp.engine.Entry``; flat, like ``reduced``) from its reduced
     message ``reduced`` over ``size`` ranks: a view of it, scaled in place under SGD, and under
-    the user's Adam by the method's ``adam_scale`` (then clipped to ``f`` times [-1, 1])."""
+    the user's Adam by the method's ``adam_step`` (clipped to ``f`` times [-1, 1])."""
     n = entry.numel
     direction = reduced[:n]
     factor = float(reduced[n + 1])  # Horovod's op factor f
     if under_sgd(entry):
         direction *= float(reduced[n]) / factor
     elif entry.adam is not None:
-        scale = method.adam_scale(xp.to_host(reduced[n + 3:]).astype(np.float64) / factor, n,
-                                  size)
-        if scale != 1.0:
-            direction *= scale
-            xp.clip_(direction, abs(factor))
+        direction = method.adam_step(
+            direction, xp.to_host(reduced[n + 3:]).astype(np.float64) / factor, size,
+            abs(factor))
     return direction
 
 

@@ -122,6 +122,22 @@ def test_under_adam_the_mean_votes_step_is_scaled_to_the_mean_gradient():
     assert alg.adam_scale(np.r_[np.full(3, 0.5), np.zeros(alg.SAMPLES - 3)], 3, 4) == 2.0
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_under_adam_the_step_is_scaled_then_clipped_to_adams_bound(kind):
+    """``BinSGDM.adam_step``: the mean vote times ``adam_scale`` (2 here: the ranks' mean
+    normalised samples have root mean square 1/2 on 4 ranks), clipped to [-bound, bound], in
+    place; untouched where the factor is 1."""
+    conv = torch.from_numpy if kind == "torch" else (lambda a: a)
+    step = conv(np.array([0.5, -1.0, 0.25, 0.0], dtype=np.float32))
+    half = np.full(alg.SAMPLES, 0.5)
+    got = hvdcomp.BinSGDM.Method.adam_step(step, half, 4)
+    assert got is step and np.asarray(got).tolist() == [1.0, -1.0, 0.5, 0.0]
+    got = hvdcomp.BinSGDM.Method.adam_step(step, half, 4, bound=4.0)  # the op factor's bound
+    assert np.asarray(got).tolist() == [2.0, -2.0, 1.0, 0.0]
+    same = np.asarray(hvdcomp.BinSGDM.Method.adam_step(step, np.ones(alg.SAMPLES), 4)).tolist()
+    assert same == [2.0, -2.0, 1.0, 0.0]  # the ranks agree: factor 1
+
+
 @pytest.mark.parametrize("numel", [1, 5, alg.SAMPLES, 1000, 256 * 64, 10 ** 7])
 def test_adam_samples_are_distinct_positions_spread_over_the_tensor(numel):
     """The positions each rank samples (the same on every rank), and the samples: the gradient

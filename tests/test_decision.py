@@ -719,8 +719,9 @@ def test_binsgdm_steps_aside_with_the_expected_step_and_its_own_moments_across_s
         optimizer, lr):
     """BinSGDM, whose result is the step itself, passes by stepping aside (hvdcomp.stepaside):
     a passed step is the mean over ranks of each rank's ``clip(m / v)`` (times the ranks' mean
-    ``mean(v)`` under SGD; under AdamW the first moment Adam is left with), Horovod's own
-    allreduce carrying it (under AdamW too: its moments set as the step is handed back); the
+    ``mean(v)`` under SGD; under AdamW, the first moment Adam is left with, times the factor of
+    the ranks' mean normalised gradient and clipped to [-1, 1]: ``BinSGDM.adam_step``), Horovod's
+    own allreduce carrying it (under AdamW too: its moments set as the step is handed back); the
     moments are each rank's own, of its own gradients,
     through voted steps and back; a NaN on one rank leaves them unchanged on every rank; a
     parameter that gets no gradient (Horovod's zero fill) gets a zero step and no state; the

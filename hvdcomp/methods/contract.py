@@ -57,8 +57,8 @@ class Method:
     - ``returns_step``: the method's name where its result is the optimizer's step itself (an
       exact sum of its input is then not what the optimizer expects), else None; such a method
       passes only if it can step aside, providing ``exact_parts(work, key, store, out)``,
-      and ``adam_samples(work, key, store)`` with ``adam_scale(mean_samples, numel, size)`` for
-      its step under the user's Adam (``hvdcomp.stepaside``: BinSGDM);
+      and ``adam_samples(work, key, store)`` with ``adam_step(step, mean_samples, size, bound)``
+      for its step under the user's Adam (``hvdcomp.stepaside``: BinSGDM);
     - ``refused``: common settings it cannot take, and ``refusal``, why; ``fixed``: common
       settings it sets itself (e.g. ``min_compress_numel=0``);
     - ``kernel_modules``: the kernel modules its host path uses (module paths, or the names of

@@ -369,7 +369,9 @@ def aside(name, lr):
     per step: the largest gap between BinSGDM's moments and the twin's (relative), for a passed
     step the largest gap between the applied step (SGD: ``p.grad``; AdamW: Adam's first moment
     after the step, which ``ThroughAdam`` makes the step) and the mean over ranks of the twins'
-    ``clip(m / v)`` (times the mean over ranks of ``mean(v)`` under SGD), whether Horovod's
+    ``clip(m / v)`` (times the mean over ranks of ``mean(v)`` under SGD; under AdamW times the
+    factor of ``alg.adam_scale`` from the twins' ``g / v`` at ``alg.sample_positions``, clipped
+    to [-1, 1]), whether Horovod's
     allreduce carried the message (``horovod_bytes``) and whether nothing was voted; at the NaN
     step, whether every applied value is NaN; whether the parameters are identical; and for a
     layer the model never uses (its gradient Horovod's zero fill), whether BinSGDM holds state
@@ -414,7 +416,14 @@ def aside(name, lr):
                 m, v = twin[n]
                 u = mean_over_ranks({n: np.clip(m / (v + 1e-8), -1, 1)})[n]
                 s = world.allreduce(float(v.mean()), op=MPI.SUM) / world.size
-                want[n] = u if adam else u * s
+                if adam:  # scaled to the ranks' mean gradient (BinSGDM.adam_step), clipped
+                    at = alg.sample_positions(u.size)
+                    z = np.zeros(alg.SAMPLES)
+                    z[:len(at)] = grads[n][at] / (v[at] + 1e-8)
+                    c = alg.adam_scale(mean_over_ranks({n: z})[n], len(at), world.size)
+                    want[n] = np.clip(u * c, -1, 1)
+                else:
+                    want[n] = u * s
             applied = {n: (opt.state[p]["exp_avg"] if adam else p.grad).double().numpy().ravel()
                        for n, p in params.items()}
             if i not in ASIDE_COMPRESSED and not (adam and i == 0):  # Adam's first: no state

@@ -12,8 +12,9 @@ Per step, on every rank, for one gradient vector g (1-D, float32; NumPy or Torch
    ``L`` votes is re-binarised without bias, ``b = +1`` w.p. ``(1 + s/L)/2``, and ``L*b`` stands
    for ``s``), and every rank gets the mean vote ``sum / size`` in [-1, 1].
 5. The step is ``clip(c * mean_q, -1, 1)`` under the user's Adam (its moments set so that its
-   update is ``lr`` times it; ``c`` is ``adam_scale``), and ``s * mean_q`` under plain SGD, with ``s`` the ranks' mean of the
-   tensor's mean ``v`` (``normaliser_mean``), so that SGD's usual learning rate applies:
+   update is ``lr`` times it; ``c`` is ``adam_scale``), and ``s * mean_q`` under plain SGD, with
+   ``s`` the ranks' mean of the tensor's mean ``v`` (``normaliser_mean``), so that SGD's usual
+   learning rate applies:
    ``x -= lr * (s * mean_q + wd * x)``.
 
 Defaults ``b1 = b2 = 0.9``. With equal betas and this initialisation, ``|m| <= v`` holds

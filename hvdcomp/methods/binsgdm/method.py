@@ -179,11 +179,14 @@ class BinSGDM(Method):
                                       alg.sample_positions(int(work.shape[0])))
 
     @staticmethod
-    def adam_scale(mean_samples, numel, size):
-        """The factor of the mean vote (or mean direction) under the user's Adam, from the ranks'
-        mean ``adam_samples`` of a tensor of ``numel`` elements over ``size`` ranks
-        (``alg.adam_scale``); the step is then clipped to [-1, 1]."""
-        return alg.adam_scale(mean_samples, min(numel, alg.SAMPLES), size)
+    def adam_step(step, mean_samples, size, bound=1.0):
+        """``step`` (the mean vote, or the mean direction, flat) under the user's Adam: times
+        ``alg.adam_scale`` of the ranks' mean ``adam_samples`` over ``size`` ranks, clipped to
+        [-bound, bound], in place; returns it."""
+        scale = alg.adam_scale(mean_samples, min(int(step.shape[0]), alg.SAMPLES), size)
+        if scale == 1.0:
+            return step
+        return xp.clip_(xp.multiply(step, scale, out=step), bound)
 
     def committed_total(self, key, v):
         """``alg.total(v)`` of tensor ``key``'s committed normaliser ``v``: the total the fused
@@ -249,12 +252,14 @@ class BinSGDM(Method):
         out, off = [], 0
         with batch.phase("decode"):
             for i, e in enumerate(batch.entries):
-                # under SGD the vote times the ranks' mean v; under Adam, times adam_scale
+                # under SGD the vote times the ranks' mean v
                 scale = (float(np.sum(scalars[:, i, 0]) / ctx.size) if stepaside.under_sgd(e)
-                         else None if e.adam is None else self.adam_scale(
-                             np.sum(scalars[:, i, 1:], axis=0) / ctx.size, e.numel, ctx.size))
+                         else None)
                 step = path.mean(total[off:off + e.numel], ctx.size, e, scale)
-                out.append(step if e.adam is None or scale == 1.0 else xp.clip_(step, 1.0))
+                if e.adam is not None:
+                    step = self.adam_step(step, np.sum(scalars[:, i, 1:], axis=0) / ctx.size,
+                                          ctx.size)
+                out.append(step)
                 batch.store.put(e.key, e.moments)
                 off += e.numel
         return out
